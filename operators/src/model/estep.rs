@@ -1,0 +1,168 @@
+//! The E-step: damped natural-gradient updates of the per-point sites.
+//!
+//! Each point `i` of a set `P` keeps its damped sites `(s1_i, s2_i)` per latent,
+//! and `P` contributes exactly `(Σ k_i s1_i, Σ s2_i k_i k_iᵀ)` to the totals
+//! `(l, Λ)`. One step recomputes `λ1_i = α̂_i + β̂_i μ_i` and `β̂_i` at the
+//! current marginals, damps them with `ρ` and moves the totals by the change.
+
+use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
+
+use super::data::Data;
+use super::error::{ModelError, Result};
+use super::likelihood::{Expectation, Likelihood};
+use super::linalg::{add_weighted_gram, symmetrize};
+use super::posterior::{Cross, DualPosterior, Sites};
+
+/// `β̂` is clipped from below so that every site stays a valid precision.
+pub const BETA_MIN: f64 = 1e-8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EStepConfig {
+    /// Fixed-point iterations.
+    pub steps: usize,
+    /// Damping `ρ ∈ (0, 1]`; `ρ = 1` is exact in one step for a Gaussian likelihood.
+    pub rho: f64,
+}
+
+impl Default for EStepConfig {
+    fn default() -> Self {
+        EStepConfig { steps: 4, rho: 0.8 }
+    }
+}
+
+impl EStepConfig {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.rho > 0.0 && self.rho <= 1.0) {
+            return Err(ModelError::Config(format!(
+                "E-step rate ρ = {} must be in (0, 1]",
+                self.rho
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Damped sites of a set of points: `n × L` each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PointSites {
+    pub s1: DMatrix<f64>,
+    pub s2: DMatrix<f64>,
+}
+
+impl PointSites {
+    /// Sites that contribute nothing.
+    pub fn zeros(n: usize, n_latent: usize) -> Self {
+        PointSites {
+            s1: DMatrix::zeros(n, n_latent),
+            s2: DMatrix::zeros(n, n_latent),
+        }
+    }
+
+    pub fn n(&self) -> usize {
+        self.s1.nrows()
+    }
+
+    /// The points' contribution `(K_zx s1_c, K_zx diag(s2_c) K_xz)` per latent.
+    pub fn totals(&self, kzx: &DMatrix<f64>) -> Vec<Sites> {
+        let m = kzx.nrows();
+        (0..self.s1.ncols())
+            .map(|c| {
+                let mut lambda = DMatrix::zeros(m, m);
+                add_weighted_gram(&mut lambda, kzx, self.s2.column(c).as_slice());
+                symmetrize(&mut lambda);
+                Sites {
+                    l: kzx * self.s1.column(c),
+                    lambda,
+                }
+            })
+            .collect()
+    }
+
+    /// The sites of the points at `rows`.
+    pub fn select(&self, rows: &[usize]) -> PointSites {
+        PointSites {
+            s1: self.s1.select_rows(rows),
+            s2: self.s2.select_rows(rows),
+        }
+    }
+
+    /// Writes `part` (the sites of the points at `rows`) back.
+    pub fn scatter(&mut self, rows: &[usize], part: &PointSites) {
+        for (k, &i) in rows.iter().enumerate() {
+            self.s1.set_row(i, &part.s1.row(k));
+            self.s2.set_row(i, &part.s2.row(k));
+        }
+    }
+}
+
+/// Runs `config.steps` damped site updates over the points of `data`.
+///
+/// The posterior's totals must already hold `sites`' contribution under the
+/// current kernel and `Z` (zero sites contribute nothing).
+pub fn e_step(
+    post: &mut DualPosterior,
+    likelihood: &Likelihood,
+    data: &Data,
+    sites: &mut PointSites,
+    config: &EStepConfig,
+) -> Result<()> {
+    config.validate()?;
+    data.check(post.d(), likelihood)?;
+    let n_latent = post.n_latent();
+    if sites.n() != data.n() || sites.s1.ncols() != n_latent {
+        return Err(ModelError::Dimension {
+            what: "point sites".into(),
+            expected: data.n(),
+            got: sites.n(),
+        });
+    }
+    let cross = post.cross(data.x());
+    for _ in 0..config.steps {
+        let (d1, d2) = site_step(post, likelihood, data, &cross, sites, config.rho);
+        for (c, totals) in post.sites.iter_mut().enumerate() {
+            totals.l.gemv(1.0, &cross.kzx, &d1.column(c), 1.0);
+            if d2.column(c).iter().any(|&v| v != 0.0) {
+                add_weighted_gram(&mut totals.lambda, &cross.kzx, d2.column(c).as_slice());
+                symmetrize(&mut totals.lambda);
+            }
+        }
+        post.refresh()?;
+    }
+    Ok(())
+}
+
+/// One damped update of every point's sites; returns the changes `(Δs1, Δs2)`.
+fn site_step(
+    post: &DualPosterior,
+    likelihood: &Likelihood,
+    data: &Data,
+    cross: &Cross,
+    sites: &mut PointSites,
+    rho: f64,
+) -> (DMatrix<f64>, DMatrix<f64>) {
+    let n_latent = post.n_latent();
+    let marginals = post.marginals(cross);
+    let mut d1 = DMatrix::zeros(data.n(), n_latent);
+    let mut d2 = DMatrix::zeros(data.n(), n_latent);
+    let (mut mean, mut var) = (vec![0.0; n_latent], vec![0.0; n_latent]);
+    let mut e = Expectation::default();
+    for i in 0..data.n() {
+        for c in 0..n_latent {
+            mean[c] = marginals.mean[(i, c)];
+            var[c] = marginals.var[(i, c)];
+        }
+        likelihood.expectation(&mean, &var, data.y()[i], &mut e);
+        for c in 0..n_latent {
+            let beta = (-2.0 * e.d_var[c]).max(BETA_MIN);
+            let lambda1 = e.d_mean[c] + beta * mean[c];
+            let s1 = (1.0 - rho) * sites.s1[(i, c)] + rho * lambda1;
+            let s2 = (1.0 - rho) * sites.s2[(i, c)] + rho * beta;
+            d1[(i, c)] = s1 - sites.s1[(i, c)];
+            d2[(i, c)] = s2 - sites.s2[(i, c)];
+            sites.s1[(i, c)] = s1;
+            sites.s2[(i, c)] = s2;
+        }
+    }
+    (d1, d2)
+}

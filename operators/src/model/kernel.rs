@@ -1,0 +1,810 @@
+//! Covariance functions: stationary families with shared or ARD lengthscales,
+//! a constant (bias) kernel, and sums and products of kernels.
+//!
+//! Every kernel gives `K(A, B)`, its diagonal, and the gradient of a scalar
+//! objective with respect to its log-parameters from `dL/dK` (analytic).
+
+use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ModelError, Result};
+
+/// The radial profile of a stationary kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    #[serde(alias = "se", alias = "rbf")]
+    SquaredExponential,
+    Matern12,
+    Matern32,
+    Matern52,
+}
+
+/// `variance · f(r)`, `r² = Σ_k (a_k − b_k)² / ℓ_k²`; one lengthscale is shared
+/// by all inputs, `d` of them is ARD.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stationary {
+    pub family: Family,
+    pub variance: f64,
+    pub lengthscales: Vec<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernel {
+    Stationary(Stationary),
+    /// `k(a, b) = variance` for all inputs: a bias term.
+    Constant {
+        variance: f64,
+    },
+    Sum(Vec<Kernel>),
+    Product(Vec<Kernel>),
+}
+
+impl Kernel {
+    pub fn stationary(family: Family, variance: f64, lengthscales: Vec<f64>) -> Self {
+        Kernel::Stationary(Stationary {
+            family,
+            variance,
+            lengthscales,
+        })
+    }
+
+    /// Number of log-parameters, in the order of [`Kernel::log_params`].
+    pub fn n_params(&self) -> usize {
+        match self {
+            Kernel::Stationary(s) => 1 + s.lengthscales.len(),
+            Kernel::Constant { .. } => 1,
+            Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().map(Kernel::n_params).sum(),
+        }
+    }
+
+    /// Log-parameters: a stationary kernel gives `[log variance, log ℓ_1, …]`,
+    /// a constant `[log variance]`, sums and products their parts in order.
+    pub fn log_params(&self) -> Vec<f64> {
+        match self {
+            Kernel::Stationary(s) => std::iter::once(s.variance)
+                .chain(s.lengthscales.iter().copied())
+                .map(f64::ln)
+                .collect(),
+            Kernel::Constant { variance } => vec![variance.ln()],
+            Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().flat_map(Kernel::log_params).collect(),
+        }
+    }
+
+    /// Inverse of [`Kernel::log_params`]; `p.len()` must be `n_params()`.
+    pub fn set_log_params(&mut self, p: &[f64]) {
+        assert_eq!(p.len(), self.n_params(), "kernel: wrong number of log-parameters");
+        match self {
+            Kernel::Stationary(s) => {
+                s.variance = p[0].exp();
+                for (l, &lp) in s.lengthscales.iter_mut().zip(&p[1..]) {
+                    *l = lp.exp();
+                }
+            }
+            Kernel::Constant { variance } => *variance = p[0].exp(),
+            Kernel::Sum(parts) | Kernel::Product(parts) => {
+                let mut rest = p;
+                for part in parts {
+                    let (head, tail) = rest.split_at(part.n_params());
+                    part.set_log_params(head);
+                    rest = tail;
+                }
+            }
+        }
+    }
+
+    /// Human-readable names in the same order, e.g. `matern52.variance`, `matern52.lengthscale[3]`.
+    pub fn param_names(&self) -> Vec<String> {
+        let mut names = Vec::with_capacity(self.n_params());
+        self.push_names("", &mut names);
+        names
+    }
+
+    /// Refuses non-positive or non-finite parameters and ARD lengthscales whose count is not `d`.
+    pub fn validate(&self, d: usize) -> Result<()> {
+        self.validate_at(d, "")
+    }
+
+    /// `k(x, x)` for stationary kernels (the prior variance); used to scale jitter.
+    pub fn prior_variance(&self) -> f64 {
+        match self {
+            Kernel::Stationary(s) => s.variance,
+            Kernel::Constant { variance } => *variance,
+            Kernel::Sum(parts) => parts.iter().map(Kernel::prior_variance).sum(),
+            Kernel::Product(parts) => parts.iter().map(Kernel::prior_variance).product(),
+        }
+    }
+
+    /// `K(A, B)`, `|A| × |B|`, with points as rows.
+    pub fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+        assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
+        match self {
+            Kernel::Stationary(s) => s.matrix(a, b),
+            Kernel::Constant { variance } => DMatrix::from_element(a.nrows(), b.nrows(), *variance),
+            Kernel::Sum(parts) => {
+                let mut k = DMatrix::zeros(a.nrows(), b.nrows());
+                for part in parts {
+                    k += part.matrix(a, b);
+                }
+                k
+            }
+            Kernel::Product(parts) => {
+                let mut k = DMatrix::from_element(a.nrows(), b.nrows(), 1.0);
+                for part in parts {
+                    k.component_mul_assign(&part.matrix(a, b));
+                }
+                k
+            }
+        }
+    }
+
+    /// `k(a_i, a_i)` for every row of `a`.
+    pub fn diag(&self, a: &DMatrix<f64>) -> DVector<f64> {
+        let n = a.nrows();
+        match self {
+            // f(0) = 1 for every family.
+            Kernel::Stationary(Stationary { variance, .. }) | Kernel::Constant { variance } => {
+                DVector::from_element(n, *variance)
+            }
+            Kernel::Sum(parts) => {
+                let mut k = DVector::zeros(n);
+                for part in parts {
+                    k += part.diag(a);
+                }
+                k
+            }
+            Kernel::Product(parts) => {
+                let mut k = DVector::from_element(n, 1.0);
+                for part in parts {
+                    k.component_mul_assign(&part.diag(a));
+                }
+                k
+            }
+        }
+    }
+
+    /// `Σ_ij G_ij ∂K(A,B)_ij / ∂ log θ` for every log-parameter θ.
+    pub fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
+        assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
+        assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
+        match self {
+            Kernel::Stationary(s) => s.matrix_grad(a, b, g),
+            Kernel::Constant { variance } => DVector::from_element(1, variance * g.sum()),
+            Kernel::Sum(parts) => concat(parts.iter().map(|part| part.matrix_grad(a, b, g))),
+            Kernel::Product(parts) => {
+                let factors: Vec<_> = parts.iter().map(|part| part.matrix(a, b)).collect();
+                concat(parts.iter().enumerate().map(|(p, part)| {
+                    // Product rule: this factor sees G times every other factor.
+                    let mut gp = g.clone();
+                    for (_, other) in factors.iter().enumerate().filter(|&(q, _)| q != p) {
+                        gp.component_mul_assign(other);
+                    }
+                    part.matrix_grad(a, b, &gp)
+                }))
+            }
+        }
+    }
+
+    /// `Σ_i g_i ∂k(a_i, a_i) / ∂ log θ` for every log-parameter θ.
+    pub fn diag_grad(&self, a: &DMatrix<f64>, g: &DVector<f64>) -> DVector<f64> {
+        assert_eq!(g.len(), a.nrows(), "kernel: dL/ddiag has the wrong length");
+        match self {
+            // The diagonal is the variance and does not depend on lengthscales.
+            Kernel::Stationary(s) => {
+                let mut grad = DVector::zeros(1 + s.lengthscales.len());
+                grad[0] = s.variance * g.sum();
+                grad
+            }
+            Kernel::Constant { variance } => DVector::from_element(1, variance * g.sum()),
+            Kernel::Sum(parts) => concat(parts.iter().map(|part| part.diag_grad(a, g))),
+            Kernel::Product(parts) => {
+                let factors: Vec<_> = parts.iter().map(|part| part.diag(a)).collect();
+                concat(parts.iter().enumerate().map(|(p, part)| {
+                    let mut gp = g.clone();
+                    for (_, other) in factors.iter().enumerate().filter(|&(q, _)| q != p) {
+                        gp.component_mul_assign(other);
+                    }
+                    part.diag_grad(a, &gp)
+                }))
+            }
+        }
+    }
+
+    fn push_names(&self, prefix: &str, out: &mut Vec<String>) {
+        match self {
+            Kernel::Stationary(s) => {
+                let base = join(prefix, s.family.name());
+                out.push(format!("{base}.variance"));
+                if s.lengthscales.len() == 1 {
+                    out.push(format!("{base}.lengthscale"));
+                } else {
+                    out.extend((0..s.lengthscales.len()).map(|k| format!("{base}.lengthscale[{k}]")));
+                }
+            }
+            Kernel::Constant { .. } => out.push(join(prefix, "constant.variance")),
+            Kernel::Sum(parts) => push_part_names(parts, &join(prefix, "sum"), out),
+            Kernel::Product(parts) => push_part_names(parts, &join(prefix, "product"), out),
+        }
+    }
+
+    fn validate_at(&self, d: usize, prefix: &str) -> Result<()> {
+        match self {
+            Kernel::Stationary(s) => {
+                let base = join(prefix, s.family.name());
+                check_positive(&format!("{base}.variance"), s.variance)?;
+                match s.lengthscales.len() {
+                    0 => return Err(config(format!("{base}: no lengthscales"))),
+                    1 => check_positive(&format!("{base}.lengthscale"), s.lengthscales[0])?,
+                    n if n != d => return Err(config(format!("{base}: {n} ARD lengthscales for {d} input columns"))),
+                    _ => {
+                        for (k, &l) in s.lengthscales.iter().enumerate() {
+                            check_positive(&format!("{base}.lengthscale[{k}]"), l)?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Kernel::Constant { variance } => check_positive(&join(prefix, "constant.variance"), *variance),
+            Kernel::Sum(parts) => validate_parts(parts, d, &join(prefix, "sum")),
+            Kernel::Product(parts) => validate_parts(parts, d, &join(prefix, "product")),
+        }
+    }
+}
+
+impl Family {
+    /// The name used in parameter names and error messages.
+    fn name(self) -> &'static str {
+        match self {
+            Family::SquaredExponential => "se",
+            Family::Matern12 => "matern12",
+            Family::Matern32 => "matern32",
+            Family::Matern52 => "matern52",
+        }
+    }
+}
+
+// Radial profiles as functions of r²: `(f, df/d(r²))`. Taking r² (not r) keeps
+// the SE kernel free of square roots and makes every slope finite at r = 0
+// except Matérn-1/2's, see `matern12`.
+
+fn squared_exponential(r2: f64) -> (f64, f64) {
+    let e = (-0.5 * r2).exp();
+    (e, -0.5 * e)
+}
+
+/// The slope `−e^{−r}/(2r)` diverges at r = 0, but it is only ever multiplied
+/// by some `Δ_k²/ℓ_k² ≤ r²`, which is 0 there, so r = 0 contributes 0.
+fn matern12(r2: f64) -> (f64, f64) {
+    let r = r2.sqrt();
+    let e = (-r).exp();
+    let slope = if r > 0.0 { -0.5 * e / r } else { 0.0 };
+    (e, slope)
+}
+
+fn matern32(r2: f64) -> (f64, f64) {
+    let s = SQRT_3 * r2.sqrt();
+    let e = (-s).exp();
+    ((1.0 + s) * e, -1.5 * e)
+}
+
+fn matern52(r2: f64) -> (f64, f64) {
+    let s = SQRT_5 * r2.sqrt();
+    let e = (-s).exp();
+    ((1.0 + s + s * s / 3.0) * e, -(5.0 / 6.0) * (1.0 + s) * e)
+}
+
+const SQRT_3: f64 = 1.732_050_807_568_877_2;
+const SQRT_5: f64 = 2.236_067_977_499_79;
+
+impl Stationary {
+    fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+        // Dispatch once per call so each family's loop is monomorphised.
+        match self.family {
+            Family::SquaredExponential => self.matrix_with(a, b, |r2| squared_exponential(r2).0),
+            Family::Matern12 => self.matrix_with(a, b, |r2| matern12(r2).0),
+            Family::Matern32 => self.matrix_with(a, b, |r2| matern32(r2).0),
+            Family::Matern52 => self.matrix_with(a, b, |r2| matern52(r2).0),
+        }
+    }
+
+    fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
+        match self.family {
+            Family::SquaredExponential => self.grad_with(a, b, g, squared_exponential),
+            Family::Matern12 => self.grad_with(a, b, g, matern12),
+            Family::Matern32 => self.grad_with(a, b, g, matern32),
+            Family::Matern52 => self.grad_with(a, b, g, matern52),
+        }
+    }
+
+    /// Builds K one output column (one point of `b`) at a time: the column
+    /// first holds r², then the profile is applied in place.
+    fn matrix_with(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, f: impl Fn(f64) -> f64) -> DMatrix<f64> {
+        let (na, nb) = (a.nrows(), b.nrows());
+        let mut k = DMatrix::zeros(na, nb);
+        if na == 0 || nb == 0 {
+            return k;
+        }
+        let (a_s, b_s) = self.scaled(a, b);
+        let mut point = vec![0.0; a.ncols()];
+        for (j, col) in k.as_mut_slice().chunks_exact_mut(na).enumerate() {
+            copy_row(&b_s, j, &mut point);
+            sq_dists(&a_s, &point, col);
+            for x in col.iter_mut() {
+                *x = self.variance * f(*x);
+            }
+        }
+        k
+    }
+
+    /// `∂K/∂log σ² = K`, and `∂K/∂log ℓ_k = σ² f'(r²) · (−2 Δ_k²/ℓ_k²)`; the
+    /// sums over i, j are accumulated column by column, recomputing r² rather
+    /// than storing an |A|×|B|×d tensor.
+    fn grad_with(
+        &self,
+        a: &DMatrix<f64>,
+        b: &DMatrix<f64>,
+        g: &DMatrix<f64>,
+        profile: impl Fn(f64) -> (f64, f64),
+    ) -> DVector<f64> {
+        let (na, nb) = (a.nrows(), b.nrows());
+        let mut grad = DVector::zeros(1 + self.lengthscales.len());
+        if na == 0 || nb == 0 {
+            return grad;
+        }
+        let shared = self.lengthscales.len() == 1;
+        let (a_s, b_s) = self.scaled(a, b);
+        let mut point = vec![0.0; a.ncols()];
+        let mut r2 = vec![0.0; na];
+        let mut w = vec![0.0; na]; // G_ij f'(r²_ij) for the current column
+        let mut sum_gf = 0.0; // Σ G f
+        let mut sum_wd = vec![0.0; self.lengthscales.len()]; // Σ G f' Δ_k²/ℓ_k²
+        for (j, g_col) in g.as_slice().chunks_exact(na).enumerate() {
+            copy_row(&b_s, j, &mut point);
+            sq_dists(&a_s, &point, &mut r2);
+            for ((wi, &ri), &gi) in w.iter_mut().zip(&r2).zip(g_col) {
+                let (f, slope) = profile(ri);
+                sum_gf += gi * f;
+                *wi = gi * slope;
+            }
+            if shared {
+                // Σ_k Δ_k²/ℓ² is r² itself.
+                sum_wd[0] += dot(&w, &r2);
+            } else {
+                for ((acc, a_col), &c) in sum_wd.iter_mut().zip(a_s.as_slice().chunks_exact(na)).zip(&point) {
+                    *acc += w.iter().zip(a_col).map(|(&wi, &x)| wi * (x - c) * (x - c)).sum::<f64>();
+                }
+            }
+        }
+        grad[0] = self.variance * sum_gf;
+        for (gk, s) in grad.iter_mut().skip(1).zip(&sum_wd) {
+            *gk = -2.0 * self.variance * s;
+        }
+        grad
+    }
+
+    /// Both inputs with column k divided by ℓ_k, so r² is a plain squared distance.
+    fn scaled(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> (DMatrix<f64>, DMatrix<f64>) {
+        let d = a.ncols();
+        let inv: Vec<f64> = if self.lengthscales.len() == 1 {
+            vec![1.0 / self.lengthscales[0]; d]
+        } else {
+            assert_eq!(
+                self.lengthscales.len(),
+                d,
+                "kernel: ARD lengthscales do not match the input columns"
+            );
+            self.lengthscales.iter().map(|l| 1.0 / l).collect()
+        };
+        (scale_columns(a, &inv), scale_columns(b, &inv))
+    }
+}
+
+fn scale_columns(x: &DMatrix<f64>, factors: &[f64]) -> DMatrix<f64> {
+    let mut out = x.clone();
+    for (mut col, &f) in out.column_iter_mut().zip(factors) {
+        col *= f;
+    }
+    out
+}
+
+fn copy_row(x: &DMatrix<f64>, i: usize, out: &mut [f64]) {
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = x[(i, k)];
+    }
+}
+
+/// `r2[i] = ‖a_i − point‖²` by direct differences (exact at coincident
+/// points); column k of `a` is contiguous, so the inner loop vectorises.
+fn sq_dists(a: &DMatrix<f64>, point: &[f64], r2: &mut [f64]) {
+    r2.fill(0.0);
+    for (a_col, &c) in a.as_slice().chunks_exact(a.nrows()).zip(point) {
+        for (r, &x) in r2.iter_mut().zip(a_col) {
+            let diff = x - c;
+            *r += diff * diff;
+        }
+    }
+}
+
+fn dot(x: &[f64], y: &[f64]) -> f64 {
+    x.iter().zip(y).map(|(a, b)| a * b).sum()
+}
+
+fn concat(grads: impl Iterator<Item = DVector<f64>>) -> DVector<f64> {
+    let all: Vec<f64> = grads.flat_map(|g| g.data.as_vec().clone()).collect();
+    DVector::from_vec(all)
+}
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+fn push_part_names(parts: &[Kernel], base: &str, out: &mut Vec<String>) {
+    for (i, part) in parts.iter().enumerate() {
+        part.push_names(&format!("{base}[{i}]"), out);
+    }
+}
+
+fn validate_parts(parts: &[Kernel], d: usize, base: &str) -> Result<()> {
+    if parts.is_empty() {
+        return Err(config(format!("{base}: no parts")));
+    }
+    for (i, part) in parts.iter().enumerate() {
+        part.validate_at(d, &format!("{base}[{i}]"))?;
+    }
+    Ok(())
+}
+
+fn check_positive(name: &str, x: f64) -> Result<()> {
+    if x.is_finite() && x > 0.0 {
+        Ok(())
+    } else {
+        Err(config(format!("{name} must be positive and finite, got {x}")))
+    }
+}
+
+fn config(msg: String) -> ModelError {
+    ModelError::Config(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    const FAMILIES: [Family; 4] = [
+        Family::SquaredExponential,
+        Family::Matern12,
+        Family::Matern32,
+        Family::Matern52,
+    ];
+
+    fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize, lo: f64, hi: f64) -> DMatrix<f64> {
+        DMatrix::from_fn(rows, cols, |_, _| rng.random_range(lo..hi))
+    }
+
+    /// A (8 × 3) and B (6 × 3) where two rows of B equal rows of A (r = 0)
+    /// and one more shares a single coordinate (Δ_k = 0 with r > 0).
+    fn inputs(rng: &mut ChaCha8Rng) -> (DMatrix<f64>, DMatrix<f64>) {
+        let a = random_matrix(rng, 8, 3, -1.5, 1.5);
+        let mut b = random_matrix(rng, 6, 3, -1.5, 1.5);
+        b.row_mut(0).copy_from(&a.row(1));
+        b.row_mut(3).copy_from(&a.row(5));
+        b[(4, 0)] = a[(2, 0)];
+        (a, b)
+    }
+
+    fn ard(family: Family) -> Kernel {
+        Kernel::stationary(family, 1.7, vec![0.7, 1.3, 2.1])
+    }
+
+    fn shared(family: Family) -> Kernel {
+        Kernel::stationary(family, 0.9, vec![0.8])
+    }
+
+    /// Every kernel shape the gradient tests cover, for 3 input columns.
+    fn all_kernels() -> Vec<Kernel> {
+        let mut kernels: Vec<Kernel> = FAMILIES.iter().flat_map(|&f| [shared(f), ard(f)]).collect();
+        kernels.push(Kernel::Constant { variance: 0.6 });
+        kernels.push(Kernel::Sum(vec![
+            ard(Family::Matern52),
+            Kernel::stationary(Family::SquaredExponential, 0.4, vec![2.0, 0.5, 1.1]),
+        ]));
+        kernels.push(Kernel::Product(vec![
+            shared(Family::Matern32),
+            Kernel::Constant { variance: 2.5 },
+        ]));
+        kernels.push(Kernel::Product(vec![
+            ard(Family::SquaredExponential),
+            ard(Family::Matern12),
+            Kernel::Constant { variance: 1.3 },
+        ]));
+        kernels.push(Kernel::Sum(vec![
+            Kernel::Product(vec![shared(Family::Matern12), ard(Family::Matern32)]),
+            Kernel::Constant { variance: 0.2 },
+        ]));
+        kernels
+    }
+
+    /// Central differences of `objective` in each log-parameter.
+    fn finite_diff(kernel: &Kernel, objective: impl Fn(&Kernel) -> f64) -> Vec<f64> {
+        let h = 1e-5;
+        let p0 = kernel.log_params();
+        (0..p0.len())
+            .map(|i| {
+                let mut k = kernel.clone();
+                let mut p = p0.clone();
+                p[i] = p0[i] + h;
+                k.set_log_params(&p);
+                let up = objective(&k);
+                p[i] = p0[i] - h;
+                k.set_log_params(&p);
+                let down = objective(&k);
+                (up - down) / (2.0 * h)
+            })
+            .collect()
+    }
+
+    fn assert_grad_close(kernel: &Kernel, analytic: &DVector<f64>, numeric: &[f64], what: &str) {
+        assert_eq!(analytic.len(), numeric.len(), "{what}: gradient length");
+        for ((name, &a), &n) in kernel.param_names().iter().zip(analytic.iter()).zip(numeric) {
+            let rel = (a - n).abs() / n.abs().max(1e-8);
+            assert!(
+                rel < 1e-5,
+                "{what} {name}: analytic {a} vs finite difference {n} (rel {rel:e})"
+            );
+        }
+    }
+
+    #[test]
+    fn matrix_grad_matches_finite_differences() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let (a, b) = inputs(&mut rng);
+        let g_ab = random_matrix(&mut rng, a.nrows(), b.nrows(), -1.0, 1.0);
+        let g_aa = random_matrix(&mut rng, a.nrows(), a.nrows(), -1.0, 1.0);
+        for kernel in all_kernels() {
+            for (x, g, what) in [(&b, &g_ab, "K(A, B)"), (&a, &g_aa, "K(A, A)")] {
+                let analytic = kernel.matrix_grad(&a, x, g);
+                let numeric = finite_diff(&kernel, |k| k.matrix(&a, x).component_mul(g).sum());
+                assert_grad_close(&kernel, &analytic, &numeric, &format!("{kernel:?} {what}"));
+            }
+        }
+    }
+
+    #[test]
+    fn diag_grad_matches_finite_differences() {
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let (a, _) = inputs(&mut rng);
+        let g = DVector::from_fn(a.nrows(), |_, _| rng.random_range(-1.0..1.0));
+        for kernel in all_kernels() {
+            let analytic = kernel.diag_grad(&a, &g);
+            let numeric = finite_diff(&kernel, |k| k.diag(&a).dot(&g));
+            assert_grad_close(&kernel, &analytic, &numeric, &format!("{kernel:?} diag"));
+        }
+    }
+
+    #[test]
+    fn lengthscale_gradient_is_zero_at_coincident_points() {
+        // Only r = 0 pairs: K does not depend on ℓ, and Matérn-1/2 must not give NaN.
+        let a = DMatrix::from_row_slice(2, 3, &[0.1, 0.2, 0.3, -1.0, 0.5, 2.0]);
+        let g = DMatrix::from_element(2, 2, 1.0);
+        for family in FAMILIES {
+            let grad = ard(family).matrix_grad(&a, &a.rows(0, 1).into_owned(), &g.columns(0, 1).into_owned());
+            assert!((grad[0] - 1.7).abs() < 1e-14, "{family:?}: {grad}");
+            assert!(grad.iter().skip(1).all(|&v| v == 0.0), "{family:?}: {grad}");
+        }
+    }
+
+    #[test]
+    fn closed_form_values() {
+        let var = 1.7;
+        // Points 0 and 2 with ℓ = 2 are at r = 1.
+        let a = DMatrix::from_row_slice(1, 1, &[0.0]);
+        let b = DMatrix::from_row_slice(1, 1, &[2.0]);
+        let e = std::f64::consts::E;
+        let (s3, s5) = (3f64.sqrt(), 5f64.sqrt());
+        let expected = [
+            (Family::SquaredExponential, var * e.powf(-0.5)),
+            (Family::Matern12, var / e),
+            (Family::Matern32, var * (1.0 + s3) * (-s3).exp()),
+            (Family::Matern52, var * (1.0 + s5 + 5.0 / 3.0) * (-s5).exp()),
+        ];
+        for (family, want) in expected {
+            let k = Kernel::stationary(family, var, vec![2.0]);
+            let got = k.matrix(&a, &b)[(0, 0)];
+            assert!((got - want).abs() < 1e-14, "{family:?}: {got} vs {want}");
+            assert!((k.matrix(&b, &a)[(0, 0)] - want).abs() < 1e-14, "{family:?} swapped");
+            assert_eq!(k.matrix(&a, &a)[(0, 0)], var, "{family:?}: k(x, x)");
+            assert_eq!(k.prior_variance(), var);
+        }
+        // ARD: (0, 0) to (3, 8) with ℓ = (3, 4) is at r² = 1 + 4 = 5.
+        let a = DMatrix::from_row_slice(1, 2, &[0.0, 0.0]);
+        let b = DMatrix::from_row_slice(1, 2, &[3.0, 8.0]);
+        let k = Kernel::stationary(Family::SquaredExponential, 2.0, vec![3.0, 4.0]);
+        assert!((k.matrix(&a, &b)[(0, 0)] - 2.0 * (-2.5f64).exp()).abs() < 1e-15);
+        let k = Kernel::stationary(Family::Matern12, 2.0, vec![3.0, 4.0]);
+        assert!((k.matrix(&a, &b)[(0, 0)] - 2.0 * (-s5).exp()).abs() < 1e-15);
+
+        let c = Kernel::Constant { variance: 0.3 };
+        assert_eq!(c.matrix(&a, &b)[(0, 0)], 0.3);
+        assert_eq!(c.prior_variance(), 0.3);
+        let se = Kernel::stationary(Family::SquaredExponential, 2.0, vec![3.0, 4.0]);
+        let sum = Kernel::Sum(vec![se.clone(), c.clone()]);
+        let prod = Kernel::Product(vec![se, c]);
+        assert!((sum.matrix(&a, &b)[(0, 0)] - (2.0 * (-2.5f64).exp() + 0.3)).abs() < 1e-15);
+        assert!((prod.matrix(&a, &b)[(0, 0)] - 0.6 * (-2.5f64).exp()).abs() < 1e-15);
+        assert!((sum.prior_variance() - 2.3).abs() < 1e-15);
+        assert!((prod.prior_variance() - 0.6).abs() < 1e-15);
+    }
+
+    /// One entry straight from the definition, for checking the column loops.
+    fn reference_entry(s: &Stationary, x: &[f64], y: &[f64]) -> f64 {
+        let r2: f64 = (0..x.len())
+            .map(|k| {
+                let l = if s.lengthscales.len() == 1 {
+                    s.lengthscales[0]
+                } else {
+                    s.lengthscales[k]
+                };
+                ((x[k] - y[k]) / l).powi(2)
+            })
+            .sum();
+        let r = r2.sqrt();
+        let f = match s.family {
+            Family::SquaredExponential => (-0.5 * r2).exp(),
+            Family::Matern12 => (-r).exp(),
+            Family::Matern32 => (1.0 + 3f64.sqrt() * r) * (-(3f64.sqrt()) * r).exp(),
+            Family::Matern52 => (1.0 + 5f64.sqrt() * r + 5.0 * r2 / 3.0) * (-(5f64.sqrt()) * r).exp(),
+        };
+        s.variance * f
+    }
+
+    #[test]
+    fn matrix_matches_pairwise_definition() {
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let a = random_matrix(&mut rng, 9, 3, -2.0, 2.0);
+        let b = random_matrix(&mut rng, 5, 3, -2.0, 2.0);
+        for family in FAMILIES {
+            for kernel in [shared(family), ard(family)] {
+                let Kernel::Stationary(s) = &kernel else { unreachable!() };
+                let k = kernel.matrix(&a, &b);
+                assert_eq!(k.shape(), (9, 5));
+                for i in 0..9 {
+                    for j in 0..5 {
+                        let x: Vec<f64> = a.row(i).iter().copied().collect();
+                        let y: Vec<f64> = b.row(j).iter().copied().collect();
+                        let want = reference_entry(s, &x, &y);
+                        assert!(
+                            (k[(i, j)] - want).abs() < 1e-13,
+                            "{family:?} ({i}, {j}): {} vs {want}",
+                            k[(i, j)]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gram_matrix_is_symmetric_psd_and_matches_diag() {
+        let mut rng = ChaCha8Rng::seed_from_u64(14);
+        for seed_set in 0..3 {
+            let a = random_matrix(&mut rng, 25, 3, -2.0, 2.0);
+            for kernel in all_kernels() {
+                let k = kernel.matrix(&a, &a);
+                let what = format!("set {seed_set}, {kernel:?}");
+                assert!((&k - k.transpose()).amax() < 1e-14, "{what}: not symmetric");
+                assert!((k.diagonal() - kernel.diag(&a)).amax() < 1e-14, "{what}: diag");
+                let jittered = k + DMatrix::identity(25, 25) * 1e-10;
+                assert!(jittered.cholesky().is_some(), "{what}: not positive semidefinite");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_inputs_give_empty_results() {
+        let a = DMatrix::<f64>::zeros(0, 3);
+        let b = DMatrix::from_element(4, 3, 0.5);
+        for kernel in all_kernels() {
+            assert_eq!(kernel.matrix(&a, &b).shape(), (0, 4));
+            assert_eq!(kernel.matrix(&b, &a).shape(), (4, 0));
+            assert_eq!(kernel.diag(&a).len(), 0);
+            let grad = kernel.matrix_grad(&a, &b, &DMatrix::zeros(0, 4));
+            assert_eq!(grad, DVector::zeros(kernel.n_params()));
+        }
+    }
+
+    #[test]
+    fn log_params_round_trip_and_names() {
+        for kernel in all_kernels() {
+            let p = kernel.log_params();
+            assert_eq!(p.len(), kernel.n_params());
+            let mut copy = kernel.clone();
+            copy.set_log_params(&p);
+            for (x, y) in copy.log_params().iter().zip(&p) {
+                assert!((x - y).abs() < 1e-15, "{kernel:?}");
+            }
+            let names = kernel.param_names();
+            assert_eq!(names.len(), kernel.n_params());
+            let unique: std::collections::HashSet<_> = names.iter().collect();
+            assert_eq!(unique.len(), names.len(), "{names:?}");
+        }
+        let mut k = Kernel::Sum(vec![ard(Family::Matern52), Kernel::Constant { variance: 1.0 }]);
+        assert_eq!(
+            k.param_names(),
+            [
+                "sum[0].matern52.variance",
+                "sum[0].matern52.lengthscale[0]",
+                "sum[0].matern52.lengthscale[1]",
+                "sum[0].matern52.lengthscale[2]",
+                "sum[1].constant.variance"
+            ]
+        );
+        k.set_log_params(&[2f64.ln(), 0.0, 3f64.ln(), 0.5f64.ln(), 4f64.ln()]);
+        let Kernel::Sum(parts) = &k else { unreachable!() };
+        let Kernel::Stationary(s) = &parts[0] else {
+            unreachable!()
+        };
+        assert!((s.variance - 2.0).abs() < 1e-15);
+        assert!((s.lengthscales[1] - 3.0).abs() < 1e-15);
+        assert!((s.lengthscales[2] - 0.5).abs() < 1e-15);
+        assert!(matches!(parts[1], Kernel::Constant { variance } if (variance - 4.0).abs() < 1e-14));
+        assert_eq!(
+            shared(Family::SquaredExponential).param_names(),
+            ["se.variance", "se.lengthscale"]
+        );
+    }
+
+    #[test]
+    fn serde_json_round_trip() {
+        for kernel in all_kernels() {
+            let json = serde_json::to_string(&kernel).unwrap();
+            let back: Kernel = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, kernel, "{json}");
+        }
+        let json = r#"{"stationary": {"family": "rbf", "variance": 1.0, "lengthscales": [0.5]}}"#;
+        let k: Kernel = serde_json::from_str(json).unwrap();
+        assert_eq!(k, Kernel::stationary(Family::SquaredExponential, 1.0, vec![0.5]));
+    }
+
+    #[test]
+    fn validate_refuses_bad_configs() {
+        for kernel in all_kernels() {
+            assert!(kernel.validate(3).is_ok(), "{kernel:?}");
+        }
+        assert!(shared(Family::Matern32).validate(7).is_ok());
+        let bad = [
+            Kernel::stationary(Family::Matern52, 0.0, vec![1.0]),
+            Kernel::stationary(Family::Matern52, -1.0, vec![1.0]),
+            Kernel::stationary(Family::Matern52, f64::NAN, vec![1.0]),
+            Kernel::stationary(Family::Matern52, f64::INFINITY, vec![1.0]),
+            Kernel::stationary(Family::Matern52, 1.0, vec![]),
+            Kernel::stationary(Family::Matern52, 1.0, vec![0.0]),
+            Kernel::stationary(Family::Matern52, 1.0, vec![1.0, f64::NAN, 1.0]),
+            Kernel::stationary(Family::Matern52, 1.0, vec![1.0, -2.0, 1.0]),
+            Kernel::stationary(Family::Matern52, 1.0, vec![1.0, 2.0]), // ARD count != 3
+            Kernel::stationary(Family::Matern52, 1.0, vec![1.0, 2.0, 3.0, 4.0]),
+            Kernel::Constant { variance: 0.0 },
+            Kernel::Constant {
+                variance: f64::NEG_INFINITY,
+            },
+            Kernel::Sum(vec![]),
+            Kernel::Product(vec![]),
+            Kernel::Sum(vec![ard(Family::Matern12), Kernel::Constant { variance: -1.0 }]),
+            Kernel::Product(vec![Kernel::Sum(vec![ard(Family::Matern12), Kernel::Product(vec![])])]),
+        ];
+        for kernel in bad {
+            match kernel.validate(3) {
+                Err(ModelError::Config(msg)) => assert!(!msg.is_empty()),
+                other => panic!("{kernel:?} gave {other:?}"),
+            }
+        }
+        let err = Kernel::Sum(vec![ard(Family::Matern12), Kernel::Constant { variance: -1.0 }]).validate(3);
+        assert!(format!("{err:?}").contains("sum[1].constant.variance"), "{err:?}");
+    }
+}

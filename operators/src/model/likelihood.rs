@@ -1,0 +1,1319 @@
+//! Observation models. A likelihood is only `E_q[log p(y|f)]` under a
+//! Gaussian `q(f) = N(μ, v)` per latent, its derivatives, and predictions.
+//!
+//! Gaussian and Poisson expectations are closed form; Bernoulli and Student-t
+//! use Gauss–Hermite quadrature with `∂E/∂μ = E[∂_f log p]` and
+//! `∂E/∂v = ½ E[∂²_f log p]` (Bonnet/Price); softmax uses a fixed, seeded
+//! antithetic Monte Carlo sample whose derivatives are exact for that sample.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::f64::consts::PI;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ModelError, Result};
+use super::quadrature::{self, LogSumExp};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Link {
+    Probit,
+    Logit,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Likelihood {
+    Gaussian {
+        variance: f64,
+    },
+    Bernoulli {
+        link: Link,
+    },
+    Poisson,
+    StudentT {
+        df: f64,
+        scale: f64,
+    },
+    /// C classes over C latents; expectations by a fixed seeded Monte Carlo sample.
+    Softmax {
+        classes: usize,
+        samples: usize,
+        seed: u64,
+    },
+}
+
+/// `E_q[log p(y|f)]` and its derivatives at one point.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Expectation {
+    pub value: f64,
+    /// `∂E/∂μ_c` per latent (this is α̂).
+    pub d_mean: Vec<f64>,
+    /// `∂E/∂v_c` per latent (β̂ = −2 ∂E/∂v).
+    pub d_var: Vec<f64>,
+    /// `∂E/∂ log θ` per likelihood parameter, in the order of `log_params`.
+    pub d_params: Vec<f64>,
+}
+
+/// The predictive distribution of `y` at one point.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Predictive {
+    /// Mean and variance of `y` (Gaussian: including the noise; Poisson: of the count).
+    Moments { mean: f64, var: f64 },
+    /// Class probabilities (Bernoulli: `[p0, p1]`).
+    Classes(Vec<f64>),
+}
+
+/// Default Monte Carlo sample count (antithetic pairs) for `parse("softmax:C")`.
+pub const DEFAULT_SOFTMAX_SAMPLES: usize = 64;
+
+impl Likelihood {
+    /// Number of latent functions (1, or C for softmax).
+    pub fn n_latent(&self) -> usize {
+        match *self {
+            Likelihood::Softmax { classes, .. } => classes,
+            _ => 1,
+        }
+    }
+
+    pub fn n_params(&self) -> usize {
+        match self {
+            Likelihood::Gaussian { .. } => 1,
+            Likelihood::StudentT { .. } => 2,
+            _ => 0,
+        }
+    }
+
+    /// Gaussian `[log σ²]`, Student-t `[log df, log scale]`, others none.
+    pub fn log_params(&self) -> Vec<f64> {
+        match *self {
+            Likelihood::Gaussian { variance } => vec![variance.ln()],
+            Likelihood::StudentT { df, scale } => vec![df.ln(), scale.ln()],
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn set_log_params(&mut self, p: &[f64]) {
+        assert_eq!(p.len(), self.n_params(), "wrong number of likelihood parameters");
+        match self {
+            Likelihood::Gaussian { variance } => *variance = p[0].exp(),
+            Likelihood::StudentT { df, scale } => {
+                *df = p[0].exp();
+                *scale = p[1].exp();
+            }
+            _ => {}
+        }
+    }
+
+    pub fn param_names(&self) -> Vec<String> {
+        match self {
+            Likelihood::Gaussian { .. } => vec!["gaussian.variance".into()],
+            Likelihood::StudentT { .. } => vec!["student-t.df".into(), "student-t.scale".into()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Short name that [`Likelihood::parse`] accepts back (parameters are not
+    /// included), e.g. `gaussian`, `bernoulli:logit`, `softmax:3`.
+    pub fn name(&self) -> String {
+        match self {
+            Likelihood::Gaussian { .. } => "gaussian".into(),
+            Likelihood::Bernoulli { link: Link::Probit } => "bernoulli".into(),
+            Likelihood::Bernoulli { link: Link::Logit } => "bernoulli:logit".into(),
+            Likelihood::Poisson => "poisson".into(),
+            Likelihood::StudentT { .. } => "student-t".into(),
+            Likelihood::Softmax { classes, .. } => format!("softmax:{classes}"),
+        }
+    }
+
+    /// Parses `gaussian`, `bernoulli` (probit), `bernoulli:probit`,
+    /// `bernoulli:logit`, `poisson`, `student-t` or `softmax:C`, with default
+    /// parameters (Gaussian variance 1; Student-t df 4, scale 1; softmax
+    /// 64 antithetic pairs, seed 0).
+    pub fn parse(s: &str) -> Result<Likelihood> {
+        let lower = s.trim().to_ascii_lowercase();
+        let lik = match lower.as_str() {
+            "gaussian" => Likelihood::Gaussian { variance: 1.0 },
+            "bernoulli" | "bernoulli:probit" => Likelihood::Bernoulli { link: Link::Probit },
+            "bernoulli:logit" => Likelihood::Bernoulli { link: Link::Logit },
+            "poisson" => Likelihood::Poisson,
+            "student-t" | "student_t" | "studentt" => Likelihood::StudentT { df: 4.0, scale: 1.0 },
+            other => match other.strip_prefix("softmax:") {
+                Some(c) => Likelihood::Softmax {
+                    classes: parse_classes(c)?,
+                    samples: DEFAULT_SOFTMAX_SAMPLES,
+                    seed: 0,
+                },
+                None => {
+                    return Err(ModelError::Config(format!(
+                        "unknown likelihood {s:?}; expected gaussian, bernoulli, \
+                         bernoulli:logit, poisson, student-t or softmax:C"
+                    )))
+                }
+            },
+        };
+        Ok(lik)
+    }
+
+    /// Whether `y` is in the support (finite; 0/1 for Bernoulli; a class in
+    /// 0..C; a non-negative integer count for Poisson). The error names `row`.
+    pub fn check_label(&self, row: usize, y: f64) -> Result<()> {
+        if !y.is_finite() {
+            return Err(ModelError::NonFinite {
+                row,
+                what: "label".into(),
+            });
+        }
+        let reason = match *self {
+            Likelihood::Bernoulli { .. } if y != 0.0 && y != 1.0 => "is not 0 or 1".to_string(),
+            Likelihood::Poisson if y < 0.0 || y.fract() != 0.0 => "is not a non-negative integer count".to_string(),
+            Likelihood::Softmax { classes, .. } if y < 0.0 || y.fract() != 0.0 || y >= classes as f64 => {
+                format!("is not a class in 0..{classes}")
+            }
+            _ => return Ok(()),
+        };
+        Err(ModelError::InvalidLabel { row, label: y, reason })
+    }
+
+    /// Fills `out` (resized to `n_latent()` / `n_params()`) with `E_q[log p(y|f)]`
+    /// and its derivatives, for `q(f_c) = N(mean[c], var[c])`.
+    pub fn expectation(&self, mean: &[f64], var: &[f64], y: f64, out: &mut Expectation) {
+        let n = self.n_latent();
+        debug_assert!(mean.len() == n && var.len() == n, "expected {n} latents");
+        out.d_mean.resize(n, 0.0);
+        out.d_var.resize(n, 0.0);
+        out.d_params.resize(self.n_params(), 0.0);
+        let (m, v) = (mean[0], var[0]);
+        let [value, d_mean, d_var] = match *self {
+            Likelihood::Gaussian { variance } => {
+                let e = gaussian::expectation(variance, m, v, y);
+                out.d_params[0] = e[3];
+                [e[0], e[1], e[2]]
+            }
+            Likelihood::Poisson => poisson::expectation(m, v, y),
+            Likelihood::Bernoulli { link } => bernoulli::expectation(link, m, v, y),
+            Likelihood::StudentT { df, scale } => {
+                let t = StudentT::new(df, scale);
+                let (e, d_params) = t.expectation(m, v, y);
+                out.d_params.copy_from_slice(&d_params);
+                e
+            }
+            Likelihood::Softmax { classes, samples, seed } => {
+                Softmax::new(classes, samples, seed).expectation(mean, var, y, out);
+                return;
+            }
+        };
+        out.value = value;
+        out.d_mean[0] = d_mean;
+        out.d_var[0] = d_var;
+    }
+
+    /// `log p(y | data) = log ∫ p(y|f) q(f) df`, for the test NLPD.
+    pub fn log_predictive(&self, mean: &[f64], var: &[f64], y: f64) -> f64 {
+        let (m, v) = (mean[0], var[0]);
+        match *self {
+            Likelihood::Gaussian { variance } => gaussian::log_density(y, m, v + variance),
+            Likelihood::Poisson => poisson::log_predictive(m, v, y),
+            Likelihood::Bernoulli { link } => bernoulli::log_predictive(link, m, v, y),
+            Likelihood::StudentT { df, scale } => StudentT::new(df, scale).log_predictive(m, v, y),
+            Likelihood::Softmax { classes, samples, seed } => {
+                Softmax::new(classes, samples, seed).log_predictive(mean, var, y)
+            }
+        }
+    }
+
+    pub fn predict(&self, mean: &[f64], var: &[f64]) -> Predictive {
+        let (m, v) = (mean[0], var[0]);
+        match *self {
+            Likelihood::Gaussian { variance } => Predictive::Moments {
+                mean: m,
+                var: v + variance,
+            },
+            Likelihood::Poisson => poisson::predict(m, v),
+            Likelihood::Bernoulli { link } => {
+                let p1 = bernoulli::prob_one(link, m, v);
+                Predictive::Classes(vec![1.0 - p1, p1])
+            }
+            Likelihood::StudentT { df, scale } => {
+                let noise = if df > 2.0 {
+                    scale * scale * df / (df - 2.0)
+                } else {
+                    f64::INFINITY
+                };
+                Predictive::Moments {
+                    mean: m,
+                    var: v + noise,
+                }
+            }
+            Likelihood::Softmax { classes, samples, seed } => {
+                Predictive::Classes(Softmax::new(classes, samples, seed).predict(mean, var))
+            }
+        }
+    }
+}
+
+fn parse_classes(c: &str) -> Result<usize> {
+    match c.trim().parse::<usize>() {
+        Ok(classes) if classes >= 2 => Ok(classes),
+        _ => Err(ModelError::Config(format!(
+            "softmax needs an integer class count ≥ 2, got {c:?}"
+        ))),
+    }
+}
+
+/// `[E g, ∂E/∂μ, ∂E/∂v]` by Gauss–Hermite for `g3(f) = [g, g', g'']`,
+/// using `∂E/∂μ = E g'` and `∂E/∂v = ½ E g''` (Bonnet/Price).
+fn gauss_hermite_grads(mean: f64, var: f64, g3: impl FnMut(f64) -> [f64; 3]) -> [f64; 3] {
+    let [e, d1, d2] = quadrature::expect_many(mean, var, g3);
+    [e, d1, 0.5 * d2]
+}
+
+mod gaussian {
+    use super::PI;
+
+    /// `[E, ∂E/∂μ, ∂E/∂v, ∂E/∂ log σ²]`, all closed form.
+    pub(super) fn expectation(noise: f64, mean: f64, var: f64, y: f64) -> [f64; 4] {
+        let sq = (y - mean).powi(2) + var;
+        [
+            -0.5 * (2.0 * PI * noise).ln() - sq / (2.0 * noise),
+            (y - mean) / noise,
+            -0.5 / noise,
+            -0.5 + sq / (2.0 * noise),
+        ]
+    }
+
+    /// `log N(y; mean, var)`.
+    pub(super) fn log_density(y: f64, mean: f64, var: f64) -> f64 {
+        -0.5 * (2.0 * PI * var).ln() - (y - mean).powi(2) / (2.0 * var)
+    }
+}
+
+mod poisson {
+    use super::special::ln_gamma;
+    use super::{quadrature, Predictive};
+
+    /// `[E, ∂E/∂μ, ∂E/∂v]` with `E = yμ − exp(μ + v/2) − log y!`.
+    pub(super) fn expectation(mean: f64, var: f64, y: f64) -> [f64; 3] {
+        let rate = (mean + 0.5 * var).exp();
+        [y * mean - rate - ln_gamma(y + 1.0), y - rate, -0.5 * rate]
+    }
+
+    pub(super) fn log_predictive(mean: f64, var: f64, y: f64) -> f64 {
+        let log_fact = ln_gamma(y + 1.0);
+        quadrature::log_expect_exp(mean, var, |f| y * f - f.exp() - log_fact)
+    }
+
+    /// Count moments by the laws of total expectation and variance.
+    pub(super) fn predict(mean: f64, var: f64) -> Predictive {
+        let rate_mean = (mean + 0.5 * var).exp();
+        let rate_var = var.exp_m1() * (2.0 * mean + var).exp();
+        Predictive::Moments {
+            mean: rate_mean,
+            var: rate_mean + rate_var,
+        }
+    }
+}
+
+mod bernoulli {
+    use super::special::{log_ndtr, log_ndtr_and_mills, ndtr, sigmoid, softplus};
+    use super::{gauss_hermite_grads, quadrature, Link};
+
+    /// `±1` for labels `1` / `0`.
+    fn sign(y: f64) -> f64 {
+        if y > 0.5 {
+            1.0
+        } else {
+            -1.0
+        }
+    }
+
+    /// `[log p, ∂_f log p, ∂²_f log p]` for `p(y|f) = link(s f)`.
+    fn log_lik3(link: Link, s: f64, f: f64) -> [f64; 3] {
+        let sf = s * f;
+        match link {
+            Link::Probit => {
+                let (log_cdf, mills) = log_ndtr_and_mills(sf);
+                [log_cdf, s * mills, -mills * (sf + mills)]
+            }
+            Link::Logit => {
+                let p_wrong = sigmoid(-sf);
+                [-softplus(-sf), s * p_wrong, -p_wrong * (1.0 - p_wrong)]
+            }
+        }
+    }
+
+    fn log_lik(link: Link, s: f64, f: f64) -> f64 {
+        match link {
+            Link::Probit => log_ndtr_and_mills(s * f).0,
+            Link::Logit => -softplus(-s * f),
+        }
+    }
+
+    pub(super) fn expectation(link: Link, mean: f64, var: f64, y: f64) -> [f64; 3] {
+        let s = sign(y);
+        gauss_hermite_grads(mean, var, |f| log_lik3(link, s, f))
+    }
+
+    pub(super) fn log_predictive(link: Link, mean: f64, var: f64, y: f64) -> f64 {
+        let s = sign(y);
+        match link {
+            Link::Probit => log_ndtr(s * mean / (1.0 + var).sqrt()),
+            Link::Logit => quadrature::log_expect_exp(mean, var, |f| log_lik(link, s, f)),
+        }
+    }
+
+    /// Predictive `p(y = 1)`.
+    pub(super) fn prob_one(link: Link, mean: f64, var: f64) -> f64 {
+        match link {
+            Link::Probit => ndtr(mean / (1.0 + var).sqrt()),
+            Link::Logit => quadrature::expect(mean, var, sigmoid),
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn quadrature_log_predictive(link: Link, mean: f64, var: f64, y: f64) -> f64 {
+        let s = sign(y);
+        quadrature::log_expect_exp(mean, var, |f| log_lik(link, s, f))
+    }
+}
+
+/// Student-t with the per-call constants hoisted out of the quadrature loop.
+struct StudentT {
+    df: f64,
+    /// `ν s²`.
+    nu_s2: f64,
+    /// The normalising constant `lgamma((ν+1)/2) − lgamma(ν/2) − ½ log(νπ s²)`.
+    log_norm: f64,
+    /// `∂ log_norm / ∂ log ν`.
+    d_log_norm_d_log_df: f64,
+}
+
+impl StudentT {
+    fn new(df: f64, scale: f64) -> Self {
+        use special::{digamma, ln_gamma};
+        let half = 0.5 * df;
+        let half_plus = 0.5 * (df + 1.0);
+        Self {
+            df,
+            nu_s2: df * scale * scale,
+            log_norm: ln_gamma(half_plus) - ln_gamma(half) - 0.5 * (df * PI).ln() - scale.ln(),
+            d_log_norm_d_log_df: half * (digamma(half_plus) - digamma(half)) - 0.5,
+        }
+    }
+
+    /// `−(ν+1)/2 · log(1 + u)` with `u = r²/(ν s²)`, `r = y − f`: the
+    /// non-constant part of `log p` and, in order, its first and second
+    /// `f`-derivatives and its derivatives in `log ν` and `log s`.
+    fn kernel5(&self, y: f64, f: f64) -> [f64; 5] {
+        let r = y - f;
+        let r2 = r * r;
+        let den = self.nu_s2 + r2;
+        let log1p_u = (r2 / self.nu_s2).ln_1p();
+        let frac = r2 / den; // u / (1 + u)
+        let nu1 = self.df + 1.0;
+        [
+            -0.5 * nu1 * log1p_u,
+            nu1 * r / den,
+            nu1 * (r2 - self.nu_s2) / (den * den),
+            -0.5 * self.df * log1p_u + 0.5 * nu1 * frac,
+            nu1 * frac,
+        ]
+    }
+
+    /// `([E, ∂E/∂μ, ∂E/∂v], [∂E/∂ log ν, ∂E/∂ log s])`.
+    fn expectation(&self, mean: f64, var: f64, y: f64) -> ([f64; 3], [f64; 2]) {
+        let [k, d1, d2, d_df, d_scale] = quadrature::expect_many(mean, var, |f| self.kernel5(y, f));
+        (
+            [self.log_norm + k, d1, 0.5 * d2],
+            [self.d_log_norm_d_log_df + d_df, d_scale - 1.0],
+        )
+    }
+
+    fn log_predictive(&self, mean: f64, var: f64, y: f64) -> f64 {
+        self.log_norm + quadrature::log_expect_exp(mean, var, |f| self.kernel5(y, f)[0])
+    }
+}
+
+/// The softmax likelihood bound to its cached standard-normal sample.
+struct Softmax {
+    classes: usize,
+    /// `samples × classes` draws, row-major; each row is used as `+ε` and `−ε`.
+    eps: Arc<[f64]>,
+}
+
+/// Floor on `v_c` inside `√v_c` so the reparameterised derivative stays finite.
+const SOFTMAX_VAR_FLOOR: f64 = 1e-12;
+
+/// One antithetic draw `f = μ + √v ∘ (sign · ε)` and its softmax.
+struct SoftmaxDraw<'a> {
+    sign: f64,
+    eps: &'a [f64],
+    f: &'a [f64],
+    /// `log Σ_c exp f_c`.
+    log_norm: f64,
+    probs: &'a [f64],
+}
+
+impl Softmax {
+    fn new(classes: usize, samples: usize, seed: u64) -> Self {
+        Self {
+            classes,
+            eps: softmax_eps(classes, samples.max(1), seed),
+        }
+    }
+
+    fn n_draws(&self) -> usize {
+        2 * self.eps.len() / self.classes
+    }
+
+    /// Calls `visit` on every antithetic draw, using per-thread scratch so the
+    /// E-step loop does not allocate.
+    fn for_each_draw(&self, mean: &[f64], var: &[f64], mut visit: impl FnMut(&SoftmaxDraw)) {
+        thread_local! {
+            static SCRATCH: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
+        }
+        let c = self.classes;
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.resize(3 * c, 0.0);
+            let (sd, rest) = scratch.split_at_mut(c);
+            let (f, probs) = rest.split_at_mut(c);
+            for (s, v) in sd.iter_mut().zip(var) {
+                *s = v.max(SOFTMAX_VAR_FLOOR).sqrt();
+            }
+            for eps in self.eps.chunks_exact(c) {
+                for sign in [1.0, -1.0] {
+                    for k in 0..c {
+                        f[k] = mean[k] + sign * sd[k] * eps[k];
+                    }
+                    let max = f.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let mut total = 0.0;
+                    for (p, fk) in probs.iter_mut().zip(f.iter()) {
+                        *p = (fk - max).exp();
+                        total += *p;
+                    }
+                    probs.iter_mut().for_each(|p| *p /= total);
+                    let log_norm = max + total.ln();
+                    visit(&SoftmaxDraw {
+                        sign,
+                        eps,
+                        f,
+                        log_norm,
+                        probs,
+                    });
+                }
+            }
+        });
+    }
+
+    /// Exact derivatives of the fixed-sample estimate
+    /// `E = mean_s log softmax(μ + √v ∘ ε_s)_y`.
+    fn expectation(&self, mean: &[f64], var: &[f64], y: f64, out: &mut Expectation) {
+        let label = y as usize;
+        let mut value = 0.0;
+        out.d_mean.fill(0.0);
+        out.d_var.fill(0.0);
+        self.for_each_draw(mean, var, |d| {
+            value += d.f[label] - d.log_norm;
+            for (k, &p) in d.probs.iter().enumerate() {
+                let g = f64::from(u8::from(k == label)) - p;
+                out.d_mean[k] += g;
+                // Divided by 2√v_k once at the end.
+                out.d_var[k] += g * d.sign * d.eps[k];
+            }
+        });
+        let n = self.n_draws() as f64;
+        out.value = value / n;
+        out.d_mean.iter_mut().for_each(|g| *g /= n);
+        for (g, v) in out.d_var.iter_mut().zip(var) {
+            *g /= n * 2.0 * v.max(SOFTMAX_VAR_FLOOR).sqrt();
+        }
+    }
+
+    fn log_predictive(&self, mean: &[f64], var: &[f64], y: f64) -> f64 {
+        let label = y as usize;
+        let mut acc = LogSumExp::default();
+        self.for_each_draw(mean, var, |d| acc.add(d.f[label] - d.log_norm));
+        acc.value() - (self.n_draws() as f64).ln()
+    }
+
+    fn predict(&self, mean: &[f64], var: &[f64]) -> Vec<f64> {
+        let mut avg = vec![0.0; self.classes];
+        self.for_each_draw(mean, var, |d| {
+            avg.iter_mut().zip(d.probs).for_each(|(a, p)| *a += p);
+        });
+        let n = self.n_draws() as f64;
+        avg.iter_mut().for_each(|a| *a /= n);
+        avg
+    }
+}
+
+/// The `samples × classes` standard-normal draws for `seed`, generated once
+/// per process and shared: regenerating them per record would dominate the E-step.
+fn softmax_eps(classes: usize, samples: usize, seed: u64) -> Arc<[f64]> {
+    type Key = (usize, usize, u64);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Arc<[f64]>>>> = OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    cache
+        .entry((classes, samples, seed))
+        .or_insert_with(|| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            (0..classes * samples)
+                .map(|_| StandardNormal.sample(&mut rng))
+                .collect()
+        })
+        .clone()
+}
+
+/// Special functions the likelihoods need, to ~1e-15 relative accuracy.
+#[allow(clippy::excessive_precision)] // published coefficients kept verbatim
+pub(crate) mod special {
+    use std::f64::consts::{FRAC_1_SQRT_2, PI};
+
+    const FRAC_1_SQRT_PI: f64 = 0.564_189_583_547_756_286_948_079_451_560_772_585_844;
+    const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_677_939_946_059_934_381_868_476;
+    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_355_879_892_119_868_763_736_951;
+    const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_741_780_329_736_405_617_639_861;
+
+    /// `log Γ(x)`: Lanczos (g = 7, 9 terms) for `x ≥ ½`, reflection below.
+    pub(crate) fn ln_gamma(x: f64) -> f64 {
+        const G: f64 = 7.0;
+        const C: [f64; 9] = [
+            0.999_999_999_999_809_93,
+            676.520_368_121_885_1,
+            -1_259.139_216_722_402_8,
+            771.323_428_777_653_13,
+            -176.615_029_162_140_59,
+            12.507_343_278_686_905,
+            -0.138_571_095_265_720_12,
+            9.984_369_578_019_571_6e-6,
+            1.505_632_735_149_311_6e-7,
+        ];
+        if x < 0.5 {
+            // Γ(x) Γ(1 − x) = π / sin(πx); infinite at the poles x = 0, −1, ….
+            return (PI / (PI * x).sin().abs()).ln() - ln_gamma(1.0 - x);
+        }
+        let x = x - 1.0;
+        let t = x + G + 0.5;
+        let series = C[1..]
+            .iter()
+            .enumerate()
+            .fold(C[0], |acc, (i, c)| acc + c / (x + (i + 1) as f64));
+        LN_SQRT_2PI + (x + 0.5) * t.ln() - t + series.ln()
+    }
+
+    /// `ψ(x) = d log Γ / dx`: recurrence up to `x ≥ 10`, then the asymptotic series.
+    pub(crate) fn digamma(x: f64) -> f64 {
+        if x <= 0.0 {
+            if x == x.floor() {
+                return f64::NAN;
+            }
+            // ψ(1 − x) − ψ(x) = π cot(πx).
+            return digamma(1.0 - x) - PI / (PI * x).tan();
+        }
+        let (mut x, mut acc) = (x, 0.0);
+        while x < 10.0 {
+            acc -= 1.0 / x;
+            x += 1.0;
+        }
+        let w = 1.0 / (x * x);
+        // −Σ B_2k / (2k x^2k), k = 1..6.
+        let tail = w
+            * (1.0 / 12.0
+                - w * (1.0 / 120.0 - w * (1.0 / 252.0 - w * (1.0 / 240.0 - w * (1.0 / 132.0 - w * 691.0 / 32760.0)))));
+        acc + x.ln() - 0.5 / x - tail
+    }
+
+    /// `exp(z²) erfc(z)` for `z ≥ 0` (W. J. Cody's rational Chebyshev approximations).
+    pub(crate) fn erfcx(z: f64) -> f64 {
+        debug_assert!(z >= 0.0 || z.is_nan());
+        const A: [f64; 5] = [
+            3.16112374387056560e00,
+            1.13864154151050156e02,
+            3.77485237685302021e02,
+            3.20937758913846947e03,
+            1.85777706184603153e-1,
+        ];
+        const B: [f64; 4] = [
+            2.36012909523441209e01,
+            2.44024637934444173e02,
+            1.28261652607737228e03,
+            2.84423683343917062e03,
+        ];
+        const C: [f64; 9] = [
+            5.64188496988670089e-1,
+            8.88314979438837594e00,
+            6.61191906371416295e01,
+            2.98635138197400131e02,
+            8.81952221241769090e02,
+            1.71204761263407058e03,
+            2.05107837782607147e03,
+            1.23033935479799725e03,
+            2.15311535474403846e-8,
+        ];
+        const D: [f64; 8] = [
+            1.57449261107098347e01,
+            1.17693950891312499e02,
+            5.37181101862009858e02,
+            1.62138957456669019e03,
+            3.29079923573345963e03,
+            4.36261909014324716e03,
+            3.43936767414372164e03,
+            1.23033935480374942e03,
+        ];
+        const P: [f64; 6] = [
+            3.05326634961232344e-1,
+            3.60344899949804439e-1,
+            1.25781726111229246e-1,
+            1.60837851487422766e-2,
+            6.58749161529837803e-4,
+            1.63153871373020978e-2,
+        ];
+        const Q: [f64; 5] = [
+            2.56852019228982242e00,
+            1.87295284992346047e00,
+            5.27905102951428412e-1,
+            6.05183413124413191e-2,
+            2.33520497626869185e-3,
+        ];
+        if z <= 0.46875 {
+            let zz = z * z;
+            zz.exp() * (1.0 - erf_small(z, zz, &A, &B))
+        } else if z <= 4.0 {
+            let (mut num, mut den) = (C[8] * z, z);
+            for i in 0..7 {
+                num = (num + C[i]) * z;
+                den = (den + D[i]) * z;
+            }
+            (num + C[7]) / (den + D[7])
+        } else if z >= 6.71e7 {
+            FRAC_1_SQRT_PI / z
+        } else {
+            let w = 1.0 / (z * z);
+            let (mut num, mut den) = (P[5] * w, w);
+            for i in 0..4 {
+                num = (num + P[i]) * w;
+                den = (den + Q[i]) * w;
+            }
+            (FRAC_1_SQRT_PI - w * (num + P[4]) / (den + Q[4])) / z
+        }
+    }
+
+    /// `erf(z)` for `|z| ≤ 0.46875` (Cody's first interval).
+    fn erf_small(z: f64, zz: f64, a: &[f64; 5], b: &[f64; 4]) -> f64 {
+        let (mut num, mut den) = (a[4] * zz, zz);
+        for i in 0..3 {
+            num = (num + a[i]) * zz;
+            den = (den + b[i]) * zz;
+        }
+        z * (num + a[3]) / (den + b[3])
+    }
+
+    /// `erfc(z)` for `z ≥ 0`; `exp(−z²)` is split as Cody does to keep
+    /// relative accuracy in the far tail.
+    pub(crate) fn erfc(z: f64) -> f64 {
+        let head = (z * 16.0).trunc() / 16.0;
+        let del = (z - head) * (z + head);
+        (-head * head).exp() * (-del).exp() * erfcx(z)
+    }
+
+    /// Standard normal CDF `Φ(x)`.
+    pub(crate) fn ndtr(x: f64) -> f64 {
+        if x < 0.0 {
+            0.5 * erfc(-x * FRAC_1_SQRT_2)
+        } else {
+            1.0 - 0.5 * erfc(x * FRAC_1_SQRT_2)
+        }
+    }
+
+    /// `(log Φ(x), φ(x)/Φ(x))`, finite for all finite `x`: for `x < 0` both
+    /// come from `erfcx`, so nothing underflows even at `x = −40`.
+    pub(crate) fn log_ndtr_and_mills(x: f64) -> (f64, f64) {
+        if x < 0.0 {
+            let s = erfcx(-x * FRAC_1_SQRT_2);
+            (-0.5 * x * x + (0.5 * s).ln(), SQRT_2_OVER_PI / s)
+        } else {
+            let upper = 0.5 * erfc(x * FRAC_1_SQRT_2);
+            let pdf = FRAC_1_SQRT_2PI * (-0.5 * x * x).exp();
+            ((-upper).ln_1p(), pdf / (1.0 - upper))
+        }
+    }
+
+    pub(crate) fn log_ndtr(x: f64) -> f64 {
+        log_ndtr_and_mills(x).0
+    }
+
+    /// `log(1 + eˣ)` without overflow or loss for large `|x|`.
+    pub(crate) fn softplus(x: f64) -> f64 {
+        x.max(0.0) + (-x.abs()).exp().ln_1p()
+    }
+
+    /// `1 / (1 + e⁻ˣ)` without overflow.
+    pub(crate) fn sigmoid(x: f64) -> f64 {
+        if x >= 0.0 {
+            1.0 / (1.0 + (-x).exp())
+        } else {
+            let e = x.exp();
+            e / (1.0 + e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::special::*;
+    use super::*;
+
+    fn assert_close(got: f64, want: f64, rel: f64, abs: f64, what: &str) {
+        let tol = rel * got.abs().max(want.abs()) + abs;
+        assert!(
+            (got - want).abs() <= tol,
+            "{what}: got {got:e}, want {want:e} (diff {:e}, tol {tol:e})",
+            (got - want).abs()
+        );
+    }
+
+    /// Central difference with one Richardson step: O(h⁴) truncation error.
+    fn derivative(f: impl Fn(f64) -> f64, x: f64, h: f64) -> f64 {
+        let d = |h: f64| (f(x + h) - f(x - h)) / (2.0 * h);
+        (4.0 * d(0.5 * h) - d(h)) / 3.0
+    }
+
+    fn value(lik: &Likelihood, mean: &[f64], var: &[f64], y: f64) -> f64 {
+        let mut out = Expectation::default();
+        lik.expectation(mean, var, y, &mut out);
+        out.value
+    }
+
+    /// Every analytic derivative in `out` against central differences of `value`.
+    fn check_gradients(lik: &Likelihood, mean: &[f64], var: &[f64], y: f64) {
+        let mut out = Expectation::default();
+        lik.expectation(mean, var, y, &mut out);
+        let ctx = format!("{} at μ={mean:?} v={var:?} y={y}", lik.name());
+        assert!(out.value.is_finite(), "{ctx}: value {}", out.value);
+        let abs = 1e-9 * (1.0 + out.value.abs());
+        for c in 0..mean.len() {
+            let fd = derivative(
+                |m| {
+                    let mut mu = mean.to_vec();
+                    mu[c] = m;
+                    value(lik, &mu, var, y)
+                },
+                mean[c],
+                1e-3 * mean[c].abs().max(1.0),
+            );
+            assert_close(out.d_mean[c], fd, 1e-5, abs, &format!("{ctx}: d_mean[{c}]"));
+            let fd = derivative(
+                |v| {
+                    let mut s2 = var.to_vec();
+                    s2[c] = v;
+                    value(lik, mean, &s2, y)
+                },
+                var[c],
+                1e-2 * var[c],
+            );
+            assert_close(out.d_var[c], fd, 1e-5, abs, &format!("{ctx}: d_var[{c}]"));
+        }
+        let theta = lik.log_params();
+        for (i, name) in lik.param_names().iter().enumerate() {
+            let fd = derivative(
+                |p| {
+                    let mut l = lik.clone();
+                    let mut t = theta.clone();
+                    t[i] = p;
+                    l.set_log_params(&t);
+                    value(&l, mean, var, y)
+                },
+                theta[i],
+                1e-3,
+            );
+            assert_close(out.d_params[i], fd, 1e-5, abs, &format!("{ctx}: {name}"));
+        }
+    }
+
+    fn probit() -> Likelihood {
+        Likelihood::Bernoulli { link: Link::Probit }
+    }
+
+    fn logit() -> Likelihood {
+        Likelihood::Bernoulli { link: Link::Logit }
+    }
+
+    // ---- special functions ------------------------------------------------
+
+    #[test]
+    fn ln_gamma_spot_values() {
+        assert_close(ln_gamma(0.5), PI.sqrt().ln(), 1e-15, 0.0, "lgamma(0.5)");
+        assert_close(ln_gamma(1.0), 0.0, 0.0, 1e-15, "lgamma(1)");
+        assert_close(ln_gamma(2.0), 0.0, 0.0, 1e-15, "lgamma(2)");
+        assert_close(ln_gamma(10.0), 362_880f64.ln(), 1e-14, 0.0, "lgamma(10)");
+        assert_close(ln_gamma(3.7), 1.428_072_326_665_388_3, 1e-14, 0.0, "lgamma(3.7)");
+        assert_close(ln_gamma(100.5), 361.435_540_467_777_6, 1e-14, 0.0, "lgamma(100.5)");
+        assert_close(ln_gamma(1e-3), 6.907_178_885_383_854, 1e-14, 0.0, "lgamma(1e-3)");
+    }
+
+    #[test]
+    fn digamma_spot_values_and_lgamma_derivative() {
+        assert_close(digamma(1.0), -0.577_215_664_901_532_9, 1e-15, 0.0, "ψ(1)");
+        assert_close(digamma(0.25), -4.227_453_533_376_265, 1e-14, 0.0, "ψ(0.25)");
+        assert_close(digamma(3.7), 1.167_153_539_361_511_4, 1e-14, 0.0, "ψ(3.7)");
+        assert_close(digamma(25.5), 3.218_942_472_883_919_8, 1e-14, 0.0, "ψ(25.5)");
+        for x in [0.3, 2.5, 7.0, 40.0] {
+            let fd = derivative(ln_gamma, x, 1e-3 * x);
+            assert_close(digamma(x), fd, 1e-9, 0.0, "ψ vs d lgamma");
+        }
+    }
+
+    #[test]
+    fn erfc_family_spot_values() {
+        assert_close(erfc(1.0), 0.157_299_207_050_285_13, 1e-15, 0.0, "erfc(1)");
+        assert_close(erfc(0.3), 0.671_373_240_540_872_6, 1e-15, 0.0, "erfc(0.3)");
+        assert_close(erfc(2.5), 4.069_520_174_449_589e-4, 1e-14, 0.0, "erfc(2.5)");
+        assert_close(erfc(5.0), 1.537_459_794_428_034_9e-12, 1e-14, 0.0, "erfc(5)");
+        assert_close(erfcx(0.2), 0.809_019_519_901_580_7, 1e-15, 0.0, "erfcx(0.2)");
+        assert_close(erfcx(5.5), 0.100_962_218_399_499_09, 1e-15, 0.0, "erfcx(5.5)");
+        assert_close(erfcx(10.0), 0.056_140_992_743_822_59, 1e-15, 0.0, "erfcx(10)");
+        assert_close(erfcx(100.0), 0.005_641_613_782_989_433, 1e-15, 0.0, "erfcx(100)");
+        assert_close(ndtr(1.0), 0.841_344_746_068_542_9, 1e-15, 0.0, "Φ(1)");
+        assert_close(ndtr(-1.0), 0.158_655_253_931_457_07, 1e-15, 0.0, "Φ(−1)");
+    }
+
+    #[test]
+    fn log_ndtr_is_accurate_in_both_tails() {
+        assert_eq!(log_ndtr(0.0), 0.5f64.ln());
+        // The asymptotic series at x = −30; its next term is O(x⁻⁶) ≈ 2e−8 relative to 1.
+        let x: f64 = -30.0;
+        let log_pdf = -0.5 * x * x - 0.5 * (2.0 * PI).ln();
+        let series = log_pdf - (-x).ln() + (1.0 - 1.0 / x.powi(2) + 3.0 / x.powi(4)).ln();
+        assert_close(log_ndtr(x), series, 1e-12, 0.0, "log Φ(−30) vs series");
+        assert_close(log_ndtr(-30.0), -454.321_243_956_343_2, 1e-15, 0.0, "log Φ(−30)");
+        assert_close(log_ndtr(-40.0), -804.608_442_013_753_8, 1e-15, 0.0, "log Φ(−40)");
+        assert_close(log_ndtr(-5.0), -15.064_998_393_988_726, 1e-15, 0.0, "log Φ(−5)");
+        assert_close(log_ndtr(3.0), -1.350_809_964_748_193_8e-3, 1e-14, 0.0, "log Φ(3)");
+        assert_close(log_ndtr(10.0), -7.619_853_016_486_503e-24, 1e-13, 0.0, "log Φ(10)");
+        let (_, mills) = log_ndtr_and_mills(-40.0);
+        assert_close(mills, 40.024_968_847_207_26, 1e-14, 0.0, "φ/Φ at −40");
+    }
+
+    #[test]
+    fn log_ndtr_derivative_is_the_mills_ratio() {
+        for x in [-35.0, -8.0, -1.0, 0.0, 0.7, 6.0] {
+            let fd = derivative(log_ndtr, x, 1e-3);
+            assert_close(log_ndtr_and_mills(x).1, fd, 1e-8, 1e-20, &format!("x={x}"));
+        }
+    }
+
+    #[test]
+    fn softplus_and_sigmoid_are_stable() {
+        assert_eq!(softplus(-800.0), 0.0);
+        assert_eq!(softplus(800.0), 800.0);
+        assert_close(softplus(0.0), 2f64.ln(), 1e-15, 0.0, "softplus(0)");
+        assert_eq!(sigmoid(-800.0), 0.0);
+        assert_eq!(sigmoid(800.0), 1.0);
+        assert_close(sigmoid(1.5) + sigmoid(-1.5), 1.0, 1e-15, 0.0, "σ(x) + σ(−x)");
+    }
+
+    // ---- expectations -------------------------------------------------------
+
+    #[test]
+    fn gaussian_and_poisson_closed_forms_match_quadrature() {
+        let noise = 0.7;
+        let gauss = Likelihood::Gaussian { variance: noise };
+        for &(m, v, y) in &[(0.3, 0.5, 1.2), (-2.0, 3.0, 4.0), (5.0, 1e-3, -1.0)] {
+            let mut out = Expectation::default();
+            gauss.expectation(&[m], &[v], y, &mut out);
+            let quad = gauss_hermite_grads(m, v, |f| {
+                [gaussian::log_density(y, f, noise), (y - f) / noise, -1.0 / noise]
+            });
+            assert_close(out.value, quad[0], 1e-10, 0.0, "gaussian E");
+            assert_close(out.d_mean[0], quad[1], 1e-10, 1e-14, "gaussian dμ");
+            assert_close(out.d_var[0], quad[2], 1e-10, 0.0, "gaussian dv");
+        }
+        for &(m, v, y) in &[(0.3, 0.5, 2.0), (-2.0, 3.0, 0.0), (2.0, 0.01, 10.0)] {
+            let mut out = Expectation::default();
+            Likelihood::Poisson.expectation(&[m], &[v], y, &mut out);
+            let log_fact = ln_gamma(y + 1.0);
+            let quad = gauss_hermite_grads(m, v, |f| {
+                let rate = f.exp();
+                [y * f - rate - log_fact, y - rate, -rate]
+            });
+            assert_close(out.value, quad[0], 1e-10, 0.0, "poisson E");
+            assert_close(out.d_mean[0], quad[1], 1e-10, 0.0, "poisson dμ");
+            assert_close(out.d_var[0], quad[2], 1e-10, 0.0, "poisson dv");
+        }
+    }
+
+    #[test]
+    fn gaussian_gradients() {
+        let lik = Likelihood::Gaussian { variance: 0.7 };
+        for &(m, v, y) in &[(0.3, 0.5, 1.2), (-2.0, 3.0, 4.0), (5.0, 1e-3, -1.0)] {
+            check_gradients(&lik, &[m], &[v], y);
+        }
+    }
+
+    #[test]
+    fn poisson_gradients() {
+        for &(m, v, y) in &[(0.3, 0.5, 2.0), (-2.0, 3.0, 0.0), (2.0, 0.01, 10.0), (4.0, 2.0, 100.0)] {
+            check_gradients(&Likelihood::Poisson, &[m], &[v], y);
+        }
+    }
+
+    #[test]
+    fn bernoulli_gradients_including_extremes() {
+        for lik in [probit(), logit()] {
+            for m in [-8.0, -1.0, 0.0, 0.5, 8.0] {
+                for v in [1e-4, 0.3, 1.0, 10.0] {
+                    for y in [0.0, 1.0] {
+                        check_gradients(&lik, &[m], &[v], y);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bernoulli_is_log_concave_and_finite_far_out() {
+        for lik in [probit(), logit()] {
+            for m in [-40.0, -8.0, 0.0, 3.0, 8.0, 40.0] {
+                for v in [1e-6, 1e-2, 1.0, 100.0] {
+                    for y in [0.0, 1.0] {
+                        let mut out = Expectation::default();
+                        lik.expectation(&[m], &[v], y, &mut out);
+                        let beta = -2.0 * out.d_var[0];
+                        let ctx = format!("{} μ={m} v={v} y={y}", lik.name());
+                        assert!(out.value.is_finite() && out.value <= 0.0, "{ctx}: E={}", out.value);
+                        assert!(out.d_mean[0].is_finite(), "{ctx}");
+                        assert!(beta > 0.0 && beta.is_finite(), "{ctx}: β̂ = {beta}");
+                        assert!(lik.log_predictive(&[m], &[v], y).is_finite(), "{ctx}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn probit_predictive_closed_form_equals_quadrature() {
+        for &(m, v) in &[(0.0, 1.0), (0.5, 0.2), (-2.0, 3.0), (3.0, 0.5)] {
+            for y in [0.0, 1.0] {
+                let closed = probit().log_predictive(&[m], &[v], y);
+                let quad = bernoulli::quadrature_log_predictive(Link::Probit, m, v, y);
+                assert_close(closed, quad, 1e-9, 0.0, &format!("μ={m} v={v} y={y}"));
+            }
+        }
+    }
+
+    #[test]
+    fn bernoulli_predict_is_a_distribution() {
+        for lik in [probit(), logit()] {
+            let Predictive::Classes(p) = lik.predict(&[0.8], &[0.5]) else {
+                panic!("expected classes")
+            };
+            assert_eq!(p.len(), 2);
+            assert_close(p[0] + p[1], 1.0, 1e-15, 0.0, "Σp");
+            assert!(p[1] > 0.5);
+            assert_close(p[1], lik.log_predictive(&[0.8], &[0.5], 1.0).exp(), 1e-9, 0.0, "p1");
+        }
+    }
+
+    #[test]
+    fn student_t_gradients_including_parameters() {
+        for (df, scale) in [(4.0, 1.0), (2.5, 0.3), (30.0, 2.0)] {
+            let lik = Likelihood::StudentT { df, scale };
+            for &(m, v, y) in &[(0.0, 1.0, 0.5), (1.0, 0.05, -2.0), (-3.0, 4.0, 2.0), (0.2, 1e-4, 0.2)] {
+                check_gradients(&lik, &[m], &[v], y);
+            }
+        }
+    }
+
+    #[test]
+    fn student_t_tends_to_gaussian_for_large_df() {
+        let t = Likelihood::StudentT { df: 1e7, scale: 0.8 };
+        let g = Likelihood::Gaussian { variance: 0.64 };
+        let (mut a, mut b) = (Expectation::default(), Expectation::default());
+        t.expectation(&[0.3], &[0.4], 1.1, &mut a);
+        g.expectation(&[0.3], &[0.4], 1.1, &mut b);
+        assert_close(a.value, b.value, 1e-6, 0.0, "E");
+        assert_close(a.d_mean[0], b.d_mean[0], 1e-6, 0.0, "dμ");
+        assert_close(a.d_var[0], b.d_var[0], 1e-6, 0.0, "dv");
+        let lp = t.log_predictive(&[0.3], &[0.4], 1.1);
+        assert_close(lp, g.log_predictive(&[0.3], &[0.4], 1.1), 1e-6, 0.0, "log pred");
+    }
+
+    #[test]
+    fn student_t_predict_variance() {
+        let lik = Likelihood::StudentT { df: 4.0, scale: 0.5 };
+        assert_eq!(
+            lik.predict(&[1.0], &[0.2]),
+            Predictive::Moments {
+                mean: 1.0,
+                var: 0.2 + 0.5
+            }
+        );
+        let heavy = Likelihood::StudentT { df: 1.5, scale: 0.5 };
+        assert_eq!(
+            heavy.predict(&[1.0], &[0.2]),
+            Predictive::Moments {
+                mean: 1.0,
+                var: f64::INFINITY
+            }
+        );
+    }
+
+    #[test]
+    fn log_predictive_is_above_expected_log_likelihood() {
+        // Jensen: log E_q p ≥ E_q log p, with equality only as v → 0.
+        let liks = [
+            Likelihood::Gaussian { variance: 0.5 },
+            Likelihood::Poisson,
+            probit(),
+            logit(),
+            Likelihood::StudentT { df: 4.0, scale: 1.0 },
+        ];
+        for lik in &liks {
+            let mut out = Expectation::default();
+            lik.expectation(&[0.4], &[0.8], 1.0, &mut out);
+            let lp = lik.log_predictive(&[0.4], &[0.8], 1.0);
+            assert!(lp > out.value, "{}: {lp} ≤ {}", lik.name(), out.value);
+            lik.expectation(&[0.4], &[1e-10], 1.0, &mut out);
+            let lp = lik.log_predictive(&[0.4], &[1e-10], 1.0);
+            assert_close(lp, out.value, 1e-8, 1e-12, &lik.name());
+        }
+    }
+
+    #[test]
+    fn gaussian_predict_and_log_predictive() {
+        let lik = Likelihood::Gaussian { variance: 0.3 };
+        assert_eq!(lik.predict(&[1.5], &[0.2]), Predictive::Moments { mean: 1.5, var: 0.5 });
+        let want = -0.5 * (2.0 * PI * 0.5).ln() - (2.0 - 1.5f64).powi(2) / (2.0 * 0.5);
+        assert_close(lik.log_predictive(&[1.5], &[0.2], 2.0), want, 1e-15, 0.0, "log N");
+    }
+
+    #[test]
+    fn poisson_predict_matches_quadrature_moments() {
+        for &(m, v) in &[(0.5, 0.3), (-1.0, 1.5), (2.0, 0.01)] {
+            let Predictive::Moments { mean, var } = Likelihood::Poisson.predict(&[m], &[v]) else {
+                panic!("expected moments")
+            };
+            let [e1, e2] = quadrature::expect_many(m, v, |f| [f.exp(), (2.0 * f).exp()]);
+            assert_close(mean, e1, 1e-10, 0.0, "E y");
+            // Var y = E[rate] + Var[rate].
+            assert_close(var, e1 + e2 - e1 * e1, 1e-10, 0.0, "Var y");
+        }
+    }
+
+    #[test]
+    fn poisson_log_predictive_tends_to_the_pmf() {
+        let lp = Likelihood::Poisson.log_predictive(&[3f64.ln()], &[1e-12], 2.0);
+        let pmf = (9.0 / 2.0 * (-3f64).exp()).ln();
+        assert_close(lp, pmf, 1e-9, 0.0, "log Poisson(2; 3)");
+    }
+
+    // ---- softmax ----------------------------------------------------------------
+
+    fn softmax(classes: usize, seed: u64) -> Likelihood {
+        Likelihood::Softmax {
+            classes,
+            samples: 32,
+            seed,
+        }
+    }
+
+    #[test]
+    fn softmax_is_deterministic_per_seed() {
+        let (m, v) = ([0.2, -0.5, 1.0], [0.5, 1.0, 0.2]);
+        let a = value(&softmax(3, 7), &m, &v, 1.0);
+        assert_eq!(a, value(&softmax(3, 7), &m, &v, 1.0));
+        assert_ne!(a, value(&softmax(3, 8), &m, &v, 1.0));
+    }
+
+    #[test]
+    fn softmax_probabilities_sum_to_one() {
+        for (lik, m, v) in [
+            (softmax(3, 0), vec![0.2, -0.5, 1.0], vec![0.5, 1.0, 0.2]),
+            (softmax(2, 1), vec![3.0, -3.0], vec![2.0, 0.1]),
+        ] {
+            let Predictive::Classes(p) = lik.predict(&m, &v) else {
+                panic!("expected classes")
+            };
+            assert_eq!(p.len(), m.len());
+            assert_close(p.iter().sum(), 1.0, 1e-14, 0.0, "Σp");
+            assert!(p.iter().all(|&q| q > 0.0 && q < 1.0));
+            let lp: Vec<f64> = (0..m.len())
+                .map(|y| lik.log_predictive(&m, &v, y as f64).exp())
+                .collect();
+            for (a, b) in p.iter().zip(&lp) {
+                assert_close(*a, *b, 1e-12, 0.0, "predict vs exp(log_predictive)");
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_gradients() {
+        let cases = [
+            (softmax(3, 0), vec![0.2, -0.5, 1.0], vec![0.5, 1.0, 0.2]),
+            (softmax(2, 3), vec![4.0, -4.0], vec![3.0, 1e-3]),
+            (softmax(4, 5), vec![0.0; 4], vec![1.0; 4]),
+        ];
+        for (lik, m, v) in &cases {
+            for y in 0..m.len() {
+                check_gradients(lik, m, v, y as f64);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_two_class_matches_logit_roughly() {
+        // softmax([f, 0]) class 0 is σ(f); with 64 antithetic pairs the MC
+        // estimate should be within a few percent of quadrature.
+        let sm = Likelihood::Softmax {
+            classes: 2,
+            samples: 64,
+            seed: 0,
+        };
+        let mc = value(&sm, &[0.7, 0.0], &[0.9, 0.0], 0.0);
+        let quad = value(&logit(), &[0.7], &[0.9], 1.0);
+        assert_close(mc, quad, 0.05, 0.0, "softmax vs logit");
+    }
+
+    // ---- labels, names, parameters -----------------------------------------------
+
+    #[test]
+    fn check_label_refuses_out_of_support() {
+        let sm = softmax(3, 0);
+        assert!(sm.check_label(0, 0.0).is_ok());
+        assert!(sm.check_label(0, 2.0).is_ok());
+        for bad in [3.0, -1.0, 0.5] {
+            match sm.check_label(4, bad) {
+                Err(ModelError::InvalidLabel { row: 4, label, reason }) => {
+                    assert_eq!(label, bad);
+                    assert!(reason.contains("0..3"), "{reason}");
+                }
+                other => panic!("label {bad}: {other:?}"),
+            }
+        }
+        assert!(probit().check_label(0, 1.0).is_ok());
+        assert!(matches!(
+            probit().check_label(1, 2.0),
+            Err(ModelError::InvalidLabel { .. })
+        ));
+        assert!(matches!(
+            probit().check_label(1, -1.0),
+            Err(ModelError::InvalidLabel { .. })
+        ));
+        assert!(Likelihood::Poisson.check_label(0, 7.0).is_ok());
+        assert!(Likelihood::Poisson.check_label(0, 1.5).is_err());
+        assert!(Likelihood::Poisson.check_label(0, -1.0).is_err());
+        let gauss = Likelihood::Gaussian { variance: 1.0 };
+        assert!(gauss.check_label(0, -3.7).is_ok());
+        assert_eq!(
+            gauss.check_label(9, f64::NAN),
+            Err(ModelError::NonFinite {
+                row: 9,
+                what: "label".into()
+            })
+        );
+        assert!(matches!(
+            sm.check_label(2, f64::INFINITY),
+            Err(ModelError::NonFinite { row: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn names_round_trip_through_parse() {
+        let liks = [
+            Likelihood::Gaussian { variance: 1.0 },
+            probit(),
+            logit(),
+            Likelihood::Poisson,
+            Likelihood::StudentT { df: 4.0, scale: 1.0 },
+            softmax(3, 0),
+        ];
+        for lik in &liks {
+            assert_eq!(Likelihood::parse(&lik.name()).unwrap().name(), lik.name());
+        }
+        assert_eq!(softmax(3, 0).name(), "softmax:3");
+        assert!(matches!(
+            Likelihood::parse("softmax:5").unwrap(),
+            Likelihood::Softmax {
+                classes: 5,
+                samples: 64,
+                seed: 0
+            }
+        ));
+        assert!(matches!(
+            Likelihood::parse(" Student-T ").unwrap(),
+            Likelihood::StudentT { df, scale } if df == 4.0 && scale == 1.0
+        ));
+        for bad in ["", "gauss", "softmax", "softmax:1", "softmax:x", "bernoulli:cauchit"] {
+            assert!(matches!(Likelihood::parse(bad), Err(ModelError::Config(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn params_round_trip_and_shapes() {
+        let mut t = Likelihood::StudentT { df: 4.0, scale: 0.5 };
+        assert_eq!(t.n_params(), 2);
+        assert_eq!(t.param_names().len(), 2);
+        t.set_log_params(&[5f64.ln(), 2f64.ln()]);
+        let p = t.log_params();
+        assert_close(p[0].exp(), 5.0, 1e-15, 0.0, "df");
+        assert_close(p[1].exp(), 2.0, 1e-15, 0.0, "scale");
+        assert_eq!(softmax(3, 0).n_latent(), 3);
+        assert_eq!(probit().n_latent(), 1);
+        assert_eq!(Likelihood::Poisson.n_params(), 0);
+        let mut out = Expectation::default();
+        softmax(3, 0).expectation(&[0.0; 3], &[1.0; 3], 2.0, &mut out);
+        assert_eq!((out.d_mean.len(), out.d_var.len(), out.d_params.len()), (3, 3, 0));
+        // The same buffers are reused, and shrunk, for another likelihood.
+        Likelihood::Gaussian { variance: 1.0 }.expectation(&[0.0], &[1.0], 0.0, &mut out);
+        assert_eq!((out.d_mean.len(), out.d_var.len(), out.d_params.len()), (1, 1, 1));
+    }
+
+    #[test]
+    fn serde_round_trip() {
+        let lik = Likelihood::StudentT { df: 3.0, scale: 0.5 };
+        let json = serde_json::to_string(&lik).unwrap();
+        assert!(json.contains("student-t"), "{json}");
+        let back: Likelihood = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.log_params(), lik.log_params());
+    }
+
+    /// `cargo test -p dualgp-operators --release --lib expectation_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn expectation_speed() {
+        let liks = [
+            Likelihood::Gaussian { variance: 0.5 },
+            Likelihood::Poisson,
+            probit(),
+            logit(),
+            Likelihood::StudentT { df: 4.0, scale: 1.0 },
+            Likelihood::Softmax {
+                classes: 3,
+                samples: 64,
+                seed: 0,
+            },
+        ];
+        let mut out = Expectation::default();
+        for lik in &liks {
+            let n = lik.n_latent();
+            let (m, v) = (vec![0.3; n], vec![0.7; n]);
+            let reps = 200_000;
+            let start = std::time::Instant::now();
+            let mut sink = 0.0;
+            for i in 0..reps {
+                lik.expectation(&m, &v, (i % 2) as f64, &mut out);
+                sink += out.value;
+            }
+            let ns = start.elapsed().as_nanos() as f64 / reps as f64;
+            println!("{:>16}: {ns:8.1} ns/call (sink {sink:.3})", lik.name());
+        }
+    }
+}

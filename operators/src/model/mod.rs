@@ -1,0 +1,28 @@
+//! The GP mathematics: kernels, likelihoods, the dual-parameter sparse
+//! posterior, its E-step and M-step, and the offline (t-SVGP) trainer.
+//!
+//! Conventions: inputs are `n × d` matrices with one point per row; the
+//! inducing inputs `Z` are `m × d`; hyperparameters are optimised in log space.
+
+pub mod data;
+pub mod error;
+pub mod estep;
+pub mod inducing;
+pub mod kernel;
+pub mod likelihood;
+pub mod linalg;
+pub mod objective;
+pub mod optim;
+pub mod posterior;
+pub mod predict;
+pub mod quadrature;
+pub mod trainer;
+
+pub use data::Data;
+pub use error::ModelError;
+pub use estep::{EStepConfig, PointSites};
+pub use kernel::{Family, Kernel};
+pub use likelihood::{Likelihood, Link, Predictive};
+pub use posterior::DualPosterior;
+pub use predict::{evaluate, predict, Metrics};
+pub use trainer::{fit_offline, OfflineConfig, OfflineModel, Optimizer};

@@ -1,0 +1,59 @@
+//! Predictions of `y` and the test metrics the evaluation reports.
+
+use nalgebra::DMatrix;
+
+use super::data::Data;
+use super::error::Result;
+use super::likelihood::{Likelihood, Predictive};
+use super::posterior::DualPosterior;
+
+/// The predictive distribution of `y` at every row of `x`.
+pub fn predict(post: &DualPosterior, likelihood: &Likelihood, x: &DMatrix<f64>) -> Vec<Predictive> {
+    let f = post.predict_f(x);
+    (0..x.nrows())
+        .map(|i| {
+            let (mean, var): (Vec<f64>, Vec<f64>) =
+                f.mean.row(i).iter().copied().zip(f.var.row(i).iter().copied()).unzip();
+            likelihood.predict(&mean, &var)
+        })
+        .collect()
+}
+
+/// Mean negative log predictive density, RMSE of the predictive mean (for
+/// moments) and accuracy (for classes) on a labelled set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Metrics {
+    pub nlpd: f64,
+    pub rmse: Option<f64>,
+    pub accuracy: Option<f64>,
+}
+
+pub fn evaluate(post: &DualPosterior, likelihood: &Likelihood, data: &Data) -> Result<Metrics> {
+    data.check(post.d(), likelihood)?;
+    let f = post.predict_f(data.x());
+    let n = data.n() as f64;
+    let (mut nlpd, mut sq, mut hits) = (0.0, 0.0, 0usize);
+    let mut classes = false;
+    for i in 0..data.n() {
+        let (mean, var): (Vec<f64>, Vec<f64>) = f.mean.row(i).iter().copied().zip(f.var.row(i).iter().copied()).unzip();
+        let y = data.y()[i];
+        nlpd -= likelihood.log_predictive(&mean, &var, y);
+        match likelihood.predict(&mean, &var) {
+            Predictive::Moments { mean, .. } => sq += (mean - y).powi(2),
+            Predictive::Classes(p) => {
+                classes = true;
+                let best = p
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(0, |(c, _)| c);
+                hits += usize::from(best as f64 == y);
+            }
+        }
+    }
+    Ok(Metrics {
+        nlpd: nlpd / n,
+        rmse: (!classes).then(|| (sq / n).sqrt()),
+        accuracy: classes.then(|| hits as f64 / n),
+    })
+}

@@ -1,0 +1,197 @@
+//! Offline training (t-SVGP, Adam et al. 2021): E-steps and M-steps
+//! alternating over a whole data set, the gold standard the sequential
+//! learner is measured against.
+
+use nalgebra::DVector;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::data::Data;
+use super::error::{ModelError, Result};
+use super::estep::{e_step, EStepConfig, PointSites};
+use super::inducing::select_inducing;
+use super::likelihood::Likelihood;
+use super::objective::{hyperparameters, m_step_objective, set_hyperparameters};
+use super::optim::{lbfgs_maximize, Adam};
+use super::posterior::DualPosterior;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Optimizer {
+    Adam { lr: f64 },
+    Lbfgs { history: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OfflineConfig {
+    /// Rounds of one E-step then one M-step.
+    pub rounds: usize,
+    pub e_step: EStepConfig,
+    /// Optimiser steps (Adam) or iterations (L-BFGS) per M-step.
+    pub m_steps: usize,
+    pub optimizer: Optimizer,
+    /// Points per E-step and Adam step; `None` is full batch.
+    pub minibatch: Option<usize>,
+    /// Re-run pivoted Cholesky on the training inputs after every M-step.
+    pub reselect_inducing: bool,
+    pub seed: u64,
+}
+
+impl Default for OfflineConfig {
+    fn default() -> Self {
+        OfflineConfig {
+            rounds: 20,
+            e_step: EStepConfig { steps: 5, rho: 0.9 },
+            m_steps: 20,
+            optimizer: Optimizer::Lbfgs { history: 10 },
+            minibatch: None,
+            reselect_inducing: true,
+            seed: 0,
+        }
+    }
+}
+
+/// What training leaves behind: the posterior, the fitted likelihood, and the
+/// per-point sites of the training data.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OfflineModel {
+    pub posterior: DualPosterior,
+    pub likelihood: Likelihood,
+    pub sites: PointSites,
+    /// `F(θ)` after every round's M-step.
+    pub objective: Vec<f64>,
+}
+
+/// Trains from the prior: `Z` by pivoted Cholesky on `data` (`m` points),
+/// then `config.rounds` of E-step and M-step.
+pub fn fit_offline(
+    kernel: super::kernel::Kernel,
+    likelihood: Likelihood,
+    data: &Data,
+    m: usize,
+    config: &OfflineConfig,
+) -> Result<OfflineModel> {
+    if m == 0 {
+        return Err(ModelError::Config("need at least one inducing input (m = 0)".into()));
+    }
+    kernel.validate(data.d())?;
+    data.check(data.d(), &likelihood)?;
+    let z = select_inducing(&kernel, data.x(), m);
+    let posterior = DualPosterior::new(kernel, z, likelihood.n_latent())?;
+    let sites = PointSites::zeros(data.n(), likelihood.n_latent());
+    let mut model = OfflineModel {
+        posterior,
+        likelihood,
+        sites,
+        objective: Vec::new(),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+    let mut adam = match config.optimizer {
+        Optimizer::Adam { lr } => Some(Adam::new(lr)),
+        Optimizer::Lbfgs { .. } => None,
+    };
+    for _ in 0..config.rounds {
+        model.rebuild_totals(data)?;
+        model.e_step(data, config, &mut rng)?;
+        let value = model.m_step(data, config, adam.as_mut(), &mut rng)?;
+        model.objective.push(value);
+        if config.reselect_inducing {
+            let m = model.posterior.m();
+            model.posterior.z = select_inducing(&model.posterior.kernel, data.x(), m);
+        }
+    }
+    model.rebuild_totals(data)?;
+    model.e_step(data, config, &mut rng)?;
+    Ok(model)
+}
+
+impl OfflineModel {
+    /// Sets the totals to the training points' sites under the current kernel
+    /// and `Z` (the E-step's precondition after an M-step or a move of `Z`).
+    fn rebuild_totals(&mut self, data: &Data) -> Result<()> {
+        let kzx = self.posterior.kernel.matrix(&self.posterior.z, data.x());
+        self.posterior.sites = self.sites.totals(&kzx);
+        self.posterior.refresh()
+    }
+
+    fn e_step(&mut self, data: &Data, config: &OfflineConfig, rng: &mut ChaCha8Rng) -> Result<()> {
+        let Some(size) = config.minibatch else {
+            return e_step(
+                &mut self.posterior,
+                &self.likelihood,
+                data,
+                &mut self.sites,
+                &config.e_step,
+            );
+        };
+        for rows in shuffled_batches(data.n(), size, rng) {
+            let mut part = self.sites.select(&rows);
+            e_step(
+                &mut self.posterior,
+                &self.likelihood,
+                &data.select(&rows),
+                &mut part,
+                &config.e_step,
+            )?;
+            self.sites.scatter(&rows, &part);
+        }
+        Ok(())
+    }
+
+    /// Maximises `F(θ)` with the totals fixed; returns the final `F(θ)` on all data.
+    fn m_step(
+        &mut self,
+        data: &Data,
+        config: &OfflineConfig,
+        adam: Option<&mut Adam>,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<f64> {
+        let theta0 = hyperparameters(&self.posterior.kernel, &self.likelihood);
+        let theta = match (config.optimizer, adam) {
+            (Optimizer::Lbfgs { history }, _) => {
+                let f = |theta: &DVector<f64>| {
+                    self.set_theta(theta)?;
+                    let o = m_step_objective(&self.posterior, &self.likelihood, data, None)?;
+                    Ok((o.value, o.grad))
+                };
+                lbfgs_maximize(f, theta0, config.m_steps, history)?.0
+            }
+            (Optimizer::Adam { .. }, Some(adam)) => {
+                let mut theta = theta0;
+                for _ in 0..config.m_steps {
+                    let grad = match config.minibatch {
+                        None => m_step_objective(&self.posterior, &self.likelihood, data, None)?.grad,
+                        Some(size) => {
+                            let rows = shuffled_batches(data.n(), size, rng).swap_remove(0);
+                            let weights = vec![data.n() as f64 / rows.len() as f64; rows.len()];
+                            let batch = data.select(&rows);
+                            m_step_objective(&self.posterior, &self.likelihood, &batch, Some(&weights))?.grad
+                        }
+                    };
+                    adam.step(&mut theta, &grad);
+                    self.set_theta(&theta)?;
+                }
+                theta
+            }
+            (Optimizer::Adam { .. }, None) => {
+                unreachable!("an Adam state exists for the Adam optimiser")
+            }
+        };
+        self.set_theta(&theta)?;
+        Ok(m_step_objective(&self.posterior, &self.likelihood, data, None)?.value)
+    }
+
+    fn set_theta(&mut self, theta: &DVector<f64>) -> Result<()> {
+        set_hyperparameters(&mut self.posterior.kernel, &mut self.likelihood, theta);
+        self.posterior.refresh()
+    }
+}
+
+/// A random partition of `0..n` into batches of `size` (the last may be smaller).
+fn shuffled_batches(n: usize, size: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<usize>> {
+    let mut rows: Vec<usize> = (0..n).collect();
+    rows.shuffle(rng);
+    rows.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
+}

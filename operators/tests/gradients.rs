@@ -1,0 +1,122 @@
+//! The analytic gradient of the M-step objective against central finite
+//! differences, for every likelihood and for composite kernels.
+
+use dualgp_operators::model::estep::e_step;
+use dualgp_operators::model::objective::{hyperparameters, m_step_objective, set_hyperparameters};
+use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, PointSites};
+use nalgebra::{DMatrix, DVector};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const D: usize = 3;
+
+fn labels(lik: &Likelihood, f: f64, rng: &mut ChaCha8Rng) -> f64 {
+    match lik {
+        Likelihood::Gaussian { .. } | Likelihood::StudentT { .. } => f + 0.3 * rng.random::<f64>(),
+        Likelihood::Bernoulli { .. } => f64::from(f + 0.5 * rng.random::<f64>() > 0.2),
+        Likelihood::Poisson => (f.exp() * 2.0 + rng.random::<f64>()).floor(),
+        Likelihood::Softmax { classes, .. } => ((f.abs() * 2.0) as usize % classes) as f64,
+    }
+}
+
+/// A posterior with non-trivial sites: a few damped E-steps on random data.
+fn fitted(kernel: Kernel, lik: &Likelihood, seed: u64) -> (DualPosterior, Data) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = 60;
+    let x = DMatrix::<f64>::from_fn(n, D, |_, _| rng.random_range(-2.0..2.0));
+    let y = DVector::from_fn(n, |i, _| labels(lik, x[(i, 0)].sin() + 0.5 * x[(i, 1)], &mut rng));
+    let data = Data::new(x, y).unwrap();
+    let z = DMatrix::from_fn(8, D, |_, _| rng.random_range(-2.0..2.0));
+    let mut post = DualPosterior::new(kernel, z, lik.n_latent()).unwrap();
+    let mut sites = PointSites::zeros(n, lik.n_latent());
+    e_step(&mut post, lik, &data, &mut sites, &EStepConfig { steps: 3, rho: 0.7 }).unwrap();
+    (post, data)
+}
+
+fn check_gradient(kernel: Kernel, mut lik: Likelihood, weighted: bool) {
+    let (mut post, data) = fitted(kernel, &lik, 7);
+    let weights: Option<Vec<f64>> = weighted.then(|| (0..data.n()).map(|i| 0.5 + (i % 4) as f64).collect());
+    let analytic = m_step_objective(&post, &lik, &data, weights.as_deref()).unwrap().grad;
+    let theta = hyperparameters(&post.kernel, &lik);
+    let mut value_at = |t: &DVector<f64>| {
+        set_hyperparameters(&mut post.kernel, &mut lik, t);
+        post.refresh().unwrap();
+        m_step_objective(&post, &lik, &data, weights.as_deref()).unwrap().value
+    };
+    let h = 1e-5;
+    for p in 0..theta.len() {
+        let mut plus = theta.clone();
+        let mut minus = theta.clone();
+        plus[p] += h;
+        minus[p] -= h;
+        let numeric = (value_at(&plus) - value_at(&minus)) / (2.0 * h);
+        let err = (analytic[p] - numeric).abs() / numeric.abs().max(1e-3);
+        assert!(
+            err < 1e-5,
+            "parameter {p}: analytic {} vs finite difference {numeric} (rel. error {err:e})",
+            analytic[p]
+        );
+    }
+}
+
+fn matern52_ard_plus_bias() -> Kernel {
+    Kernel::Sum(vec![
+        Kernel::stationary(Family::Matern52, 1.2, vec![0.8, 1.5, 2.0]),
+        Kernel::Constant { variance: 0.3 },
+    ])
+}
+
+#[test]
+fn gaussian_gradient_matches_finite_differences() {
+    check_gradient(matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.2 }, false);
+}
+
+#[test]
+fn weighted_gaussian_gradient_matches_finite_differences() {
+    let k = Kernel::stationary(Family::SquaredExponential, 0.9, vec![1.1]);
+    check_gradient(k, Likelihood::Gaussian { variance: 0.3 }, true);
+}
+
+#[test]
+fn bernoulli_probit_gradient_matches_finite_differences() {
+    let k = Kernel::Product(vec![
+        Kernel::stationary(Family::SquaredExponential, 1.5, vec![1.0, 0.7, 1.3]),
+        Kernel::stationary(Family::Matern32, 0.8, vec![1.4]),
+    ]);
+    check_gradient(k, Likelihood::Bernoulli { link: Link::Probit }, false);
+}
+
+#[test]
+fn bernoulli_logit_gradient_matches_finite_differences() {
+    let k = Kernel::stationary(Family::Matern12, 1.0, vec![1.2]);
+    check_gradient(k, Likelihood::Bernoulli { link: Link::Logit }, true);
+}
+
+#[test]
+fn poisson_gradient_matches_finite_differences() {
+    let k = Kernel::stationary(Family::Matern32, 0.5, vec![1.0, 2.0, 1.5]);
+    check_gradient(k, Likelihood::Poisson, false);
+}
+
+#[test]
+fn student_t_gradient_matches_finite_differences() {
+    check_gradient(
+        matern52_ard_plus_bias(),
+        Likelihood::StudentT { df: 4.0, scale: 0.4 },
+        false,
+    );
+}
+
+#[test]
+fn softmax_gradient_matches_finite_differences() {
+    let k = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
+    check_gradient(
+        k,
+        Likelihood::Softmax {
+            classes: 3,
+            samples: 32,
+            seed: 5,
+        },
+        false,
+    );
+}

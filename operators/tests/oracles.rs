@@ -1,0 +1,154 @@
+//! The dual sparse posterior against closed forms computed independently here:
+//! exact GP regression, Titsias' optimal SVGP and its collapsed bound.
+
+use dualgp_operators::model::estep::e_step;
+use dualgp_operators::model::objective::m_step_objective;
+use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, PointSites};
+use nalgebra::{DMatrix, DVector};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const NOISE: f64 = 0.1;
+const VARIANCE: f64 = 1.3;
+const LENGTHSCALE: f64 = 0.7;
+
+/// The squared-exponential kernel written out directly, independent of the library.
+fn se(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    DMatrix::from_fn(a.nrows(), b.nrows(), |i, j| {
+        let r2: f64 = (0..a.ncols()).map(|k| (a[(i, k)] - b[(j, k)]).powi(2)).sum();
+        VARIANCE * (-0.5 * r2 / (LENGTHSCALE * LENGTHSCALE)).exp()
+    })
+}
+
+fn kernel() -> Kernel {
+    Kernel::stationary(Family::SquaredExponential, VARIANCE, vec![LENGTHSCALE])
+}
+
+fn uniform(rng: &mut ChaCha8Rng, n: usize, d: usize, half_width: f64) -> DMatrix<f64> {
+    DMatrix::from_fn(n, d, |_, _| rng.random_range(-half_width..half_width))
+}
+
+fn regression_data(rng: &mut ChaCha8Rng, n: usize) -> Data {
+    let x = uniform(rng, n, 2, 3.0);
+    let y = DVector::from_fn(n, |i, _| {
+        (x[(i, 0)]).sin() + 0.5 * x[(i, 1)] + 0.3 * rng.random::<f64>()
+    });
+    Data::new(x, y).unwrap()
+}
+
+fn max_rel_err(a: &DVector<f64>, b: &DVector<f64>) -> f64 {
+    a.iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
+        .fold(0.0, f64::max)
+}
+
+/// One E-step with ρ = 1 from `sites` (zeros or anything else).
+fn gaussian_e_step(post: &mut DualPosterior, data: &Data, sites: &mut PointSites) {
+    let lik = Likelihood::Gaussian { variance: NOISE };
+    e_step(post, &lik, data, sites, &EStepConfig { steps: 1, rho: 1.0 }).unwrap();
+}
+
+#[test]
+fn inducing_at_the_training_inputs_recovers_exact_gp_regression() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let data = regression_data(&mut rng, 40);
+    let test = uniform(&mut rng, 25, 2, 3.5);
+
+    let mut post = DualPosterior::new(kernel(), data.x().clone(), 1).unwrap();
+    post.jitter = 0.0; // the exact GP has no jitter
+    post.refresh().unwrap();
+    let mut sites = PointSites::zeros(data.n(), 1);
+    gaussian_e_step(&mut post, &data, &mut sites);
+    let f = post.predict_f(&test);
+
+    // Exact GP: μ = K*x (Kxx + σ²I)⁻¹ y,  v = k** − K*x (Kxx + σ²I)⁻¹ Kx*.
+    let kxx = se(data.x(), data.x()) + DMatrix::identity(data.n(), data.n()) * NOISE;
+    let chol = kxx.cholesky().unwrap();
+    let kxs = se(data.x(), &test);
+    let mean = kxs.transpose() * chol.solve(data.y());
+    let var = DVector::from_fn(test.nrows(), |j, _| {
+        VARIANCE - kxs.column(j).dot(&chol.solve(&kxs.column(j)))
+    });
+
+    let (got_mean, got_var) = (f.mean.column(0).into_owned(), f.var.column(0).into_owned());
+    assert!(
+        max_rel_err(&got_mean, &mean) < 1e-8,
+        "mean error {}",
+        max_rel_err(&got_mean, &mean)
+    );
+    assert!(
+        max_rel_err(&got_var, &var) < 1e-8,
+        "variance error {}",
+        max_rel_err(&got_var, &var)
+    );
+}
+
+/// Titsias (2009): `q(u) = N(σ⁻² K Σ⁻¹ K_zx y, K Σ⁻¹ K)`, `Σ = K + σ⁻² K_zx K_xz`,
+/// and the collapsed bound `log N(y | 0, Q + σ²I) − tr(K_xx − Q) / 2σ²`.
+struct Titsias {
+    m_u: DVector<f64>,
+    s: DMatrix<f64>,
+    bound: f64,
+}
+
+fn titsias(data: &Data, z: &DMatrix<f64>, jitter: f64) -> Titsias {
+    let m = z.nrows();
+    let n = data.n();
+    let k = se(z, z) + DMatrix::identity(m, m) * jitter;
+    let kzx = se(z, data.x());
+    let sigma = &k + &kzx * kzx.transpose() / NOISE;
+    let sigma_chol = sigma.cholesky().unwrap();
+    let m_u = &k * sigma_chol.solve(&(&kzx * data.y())) / NOISE;
+    let s = &k * sigma_chol.solve(&k);
+
+    let q = kzx.transpose() * k.clone().cholesky().unwrap().solve(&kzx);
+    let cov = &q + DMatrix::identity(n, n) * NOISE;
+    let cov_chol = cov.clone().cholesky().unwrap();
+    let log_det: f64 = 2.0 * cov_chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+    let quad = data.y().dot(&cov_chol.solve(data.y()));
+    let trace = (se(data.x(), data.x()) - &q).trace();
+    let bound = -0.5 * (n as f64 * (2.0 * std::f64::consts::PI).ln() + log_det + quad) - 0.5 * trace / NOISE;
+    Titsias { m_u, s, bound }
+}
+
+#[test]
+fn one_e_step_gives_the_optimal_svgp_of_titsias_from_any_start() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let data = regression_data(&mut rng, 200);
+    let z = uniform(&mut rng, 15, 2, 3.0);
+    let mut post = DualPosterior::new(kernel(), z.clone(), 1).unwrap();
+
+    // Start from arbitrary sites already in the totals: ρ = 1 must forget them.
+    let mut sites = PointSites::zeros(data.n(), 1);
+    sites.s1 = DMatrix::from_fn(data.n(), 1, |_, _| rng.random_range(-2.0..2.0));
+    sites.s2 = DMatrix::from_fn(data.n(), 1, |_, _| rng.random_range(0.1..5.0));
+    post.sites = sites.totals(&post.kernel.matrix(&z, data.x()));
+    post.refresh().unwrap();
+    gaussian_e_step(&mut post, &data, &mut sites);
+
+    let oracle = titsias(&data, &z, post.jitter);
+    let (m_u, s) = post.q_u(0);
+    let mean_err = (&m_u - &oracle.m_u).amax() / oracle.m_u.amax();
+    let cov_err = (&s - &oracle.s).amax() / oracle.s.amax();
+    assert!(mean_err < 1e-9, "q(u) mean error {mean_err}");
+    assert!(cov_err < 1e-9, "q(u) covariance error {cov_err}");
+}
+
+#[test]
+fn m_step_objective_at_the_optimal_sites_is_the_collapsed_titsias_bound() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let data = regression_data(&mut rng, 150);
+    let z = uniform(&mut rng, 12, 2, 3.0);
+    let lik = Likelihood::Gaussian { variance: NOISE };
+    let mut post = DualPosterior::new(kernel(), z.clone(), 1).unwrap();
+    let mut sites = PointSites::zeros(data.n(), 1);
+    gaussian_e_step(&mut post, &data, &mut sites);
+
+    let value = m_step_objective(&post, &lik, &data, None).unwrap().value;
+    let bound = titsias(&data, &z, post.jitter).bound;
+    assert!(
+        (value - bound).abs() < 1e-8 * bound.abs(),
+        "F = {value}, collapsed bound = {bound}"
+    );
+}

@@ -1,0 +1,1 @@
+//! Pipelines (being written).
