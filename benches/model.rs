@@ -1,1 +1,118 @@
-fn main() {}
+//! Model kernels: predict (mean and variance), one E-step iteration and one
+//! M-step gradient, for m ∈ {50, 100, 200, 500}, d = 8, batches of 1000.
+//!
+//! Criterion measures; afterwards each result is turned into records per
+//! second and GFLOP/s against the flop count the operation needs, printed as
+//! a Markdown table and written to `target/bench-model.json`.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use dualgp::model::estep::e_step;
+use dualgp::model::objective::m_step_objective;
+use dualgp::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, PointSites};
+use nalgebra::{DMatrix, DVector};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const D: usize = 8;
+const BATCH: usize = 1000;
+const SIZES: [usize; 4] = [50, 100, 200, 500];
+
+/// Flops of one kernel evaluation in d dimensions (differences, squares, the Matérn profile).
+fn kernel_flops(m: usize, n: usize) -> f64 {
+    (m * n) as f64 * (3.0 * D as f64 + 10.0)
+}
+
+/// The work each operation needs, counted as multiply and add separately.
+/// A triangular solve with n right-hand sides is m²n; a product A diag(w) Aᵀ is 2m²n.
+fn flops(op: &str, m: usize, n: usize) -> f64 {
+    let (m_, n_) = (m as f64, n as f64);
+    match op {
+        // K(Z,X), L_K⁻¹K_zx, L_R⁻¹K_zx, kᵀw
+        "predict" => kernel_flops(m, n) + 2.0 * m_ * m_ * n_ + 2.0 * m_ * n_,
+        // predict, the site Gram product, two m×m Cholesky factorisations
+        "e_step" => kernel_flops(m, n) + 4.0 * m_ * m_ * n_ + 2.0 * m_ * n_ + 2.0 * m_.powi(3) / 3.0,
+        // predict, 2 m×m×n products for ∂/∂K_zx and ∂/∂K, kernel gradients, O(m³) terms
+        "m_step_gradient" => 3.0 * kernel_flops(m, n) + 6.0 * m_ * m_ * n_ + 12.0 * m_.powi(3),
+        _ => unreachable!(),
+    }
+}
+
+fn problem(m: usize) -> (DualPosterior, Likelihood, Data) {
+    let mut rng = ChaCha8Rng::seed_from_u64(m as u64);
+    let x = DMatrix::<f64>::from_fn(BATCH, D, |_, _| rng.random_range(-2.0..2.0));
+    let y = DVector::from_fn(BATCH, |i, _| x[(i, 0)].sin() + 0.1 * rng.random::<f64>());
+    let data = Data::new(x, y).unwrap();
+    let z = DMatrix::from_fn(m, D, |_, _| rng.random_range(-2.0..2.0));
+    let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.5]);
+    let lik = Likelihood::Gaussian { variance: 0.1 };
+    let mut post = DualPosterior::new(kernel, z, 1).unwrap();
+    let mut sites = PointSites::zeros(BATCH, 1);
+    e_step(&mut post, &lik, &data, &mut sites, &EStepConfig { steps: 1, rho: 1.0 }).unwrap();
+    (post, lik, data)
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("model");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.sample_size(20);
+    for m in SIZES {
+        let (post, lik, data) = problem(m);
+        group.bench_with_input(BenchmarkId::new("predict", m), &m, |b, _| {
+            b.iter(|| black_box(post.predict_f(black_box(data.x()))))
+        });
+        group.bench_with_input(BenchmarkId::new("e_step", m), &m, |b, _| {
+            let config = EStepConfig { steps: 1, rho: 0.5 };
+            b.iter_batched(
+                || (post.clone(), PointSites::zeros(BATCH, 1)),
+                |(mut p, mut sites)| e_step(&mut p, &lik, &data, &mut sites, &config).unwrap(),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        group.bench_with_input(BenchmarkId::new("m_step_gradient", m), &m, |b, _| {
+            b.iter(|| black_box(m_step_objective(&post, &lik, &data, None).unwrap()))
+        });
+    }
+    group.finish();
+}
+
+/// Mean time in nanoseconds criterion recorded for one benchmark.
+fn mean_ns(dir: &Path, op: &str, m: usize) -> Option<f64> {
+    let path = dir
+        .join("model")
+        .join(op)
+        .join(m.to_string())
+        .join("new/estimates.json");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    json["mean"]["point_estimate"].as_f64()
+}
+
+fn report() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../criterion");
+    let mut rows = Vec::new();
+    println!("\n| operation | m | records/s | GFLOP needed | GFLOP/s |\n|---|---|---|---|---|");
+    for op in ["predict", "e_step", "m_step_gradient"] {
+        for m in SIZES {
+            let Some(ns) = mean_ns(&dir, op, m) else { continue };
+            let f = flops(op, m, BATCH);
+            let records_per_s = BATCH as f64 / (ns * 1e-9);
+            println!("| {op} | {m} | {records_per_s:.0} | {:.4} | {:.2} |", f * 1e-9, f / ns);
+            rows.push(serde_json::json!({
+                "operation": op, "m": m, "d": D, "batch": BATCH, "seconds": ns * 1e-9,
+                "records_per_second": records_per_s, "flops": f, "gflops_per_second": f / ns,
+            }));
+        }
+    }
+    let out = dir.join("../bench-model.json");
+    std::fs::write(&out, serde_json::to_string_pretty(&rows).unwrap()).unwrap();
+    println!("\nwritten to {}", out.display());
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+    report();
+}

@@ -1,1 +1,6 @@
-//! Pipelines (being written).
+//! The `dualgp` command's pipelines: evaluation, replay and serving.
+//!
+//! [`protocol`] turns a data [`Table`](dualgp_connectors::Table) into the
+//! standardised, ordered, batched arrays an evaluation protocol feeds a learner.
+
+pub mod protocol;

@@ -2,8 +2,10 @@
 //! Gaussian `q(f) = N(μ, v)` per latent, its derivatives, and predictions.
 //!
 //! Gaussian and Poisson expectations are closed form; Bernoulli and Student-t
-//! use Gauss–Hermite quadrature with `∂E/∂μ = E[∂_f log p]` and
-//! `∂E/∂v = ½ E[∂²_f log p]` (Bonnet/Price); softmax uses a fixed, seeded
+//! use Gauss–Hermite quadrature with `∂E/∂μ = E[∂_f log p]` (Bonnet) and
+//! `∂E/∂v` the exact derivative of the quadrature estimate, which equals
+//! `½ E[∂²_f log p]` (Price) for the true integral; see
+//! [`quadrature::GaussHermite::expect_and_grads`]. Softmax uses a fixed, seeded
 //! antithetic Monte Carlo sample whose derivatives are exact for that sample.
 
 use std::cell::RefCell;
@@ -169,10 +171,11 @@ impl Likelihood {
                 what: "label".into(),
             });
         }
+        let is_count = y >= 0.0 && y.fract() == 0.0;
         let reason = match *self {
             Likelihood::Bernoulli { .. } if y != 0.0 && y != 1.0 => "is not 0 or 1".to_string(),
-            Likelihood::Poisson if y < 0.0 || y.fract() != 0.0 => "is not a non-negative integer count".to_string(),
-            Likelihood::Softmax { classes, .. } if y < 0.0 || y.fract() != 0.0 || y >= classes as f64 => {
+            Likelihood::Poisson if !is_count => "is not a non-negative integer count".to_string(),
+            Likelihood::Softmax { classes, .. } if !is_count || y >= classes as f64 => {
                 format!("is not a class in 0..{classes}")
             }
             _ => return Ok(()),
@@ -266,13 +269,6 @@ fn parse_classes(c: &str) -> Result<usize> {
     }
 }
 
-/// `[E g, ∂E/∂μ, ∂E/∂v]` by Gauss–Hermite for `g3(f) = [g, g', g'']`,
-/// using `∂E/∂μ = E g'` and `∂E/∂v = ½ E g''` (Bonnet/Price).
-fn gauss_hermite_grads(mean: f64, var: f64, g3: impl FnMut(f64) -> [f64; 3]) -> [f64; 3] {
-    let [e, d1, d2] = quadrature::expect_many(mean, var, g3);
-    [e, d1, 0.5 * d2]
-}
-
 mod gaussian {
     use super::PI;
 
@@ -320,8 +316,8 @@ mod poisson {
 }
 
 mod bernoulli {
-    use super::special::{log_ndtr, log_ndtr_and_mills, ndtr, sigmoid, softplus};
-    use super::{gauss_hermite_grads, quadrature, Link};
+    use super::special::{log_ndtr, log_ndtr_and_mills, log_sigmoid_parts, ndtr, sigmoid, softplus};
+    use super::{quadrature, Link};
 
     /// `±1` for labels `1` / `0`.
     fn sign(y: f64) -> f64 {
@@ -341,8 +337,8 @@ mod bernoulli {
                 [log_cdf, s * mills, -mills * (sf + mills)]
             }
             Link::Logit => {
-                let p_wrong = sigmoid(-sf);
-                [-softplus(-sf), s * p_wrong, -p_wrong * (1.0 - p_wrong)]
+                let (log_p, p_wrong, curvature) = log_sigmoid_parts(sf);
+                [log_p, s * p_wrong, -curvature]
             }
         }
     }
@@ -356,7 +352,10 @@ mod bernoulli {
 
     pub(super) fn expectation(link: Link, mean: f64, var: f64, y: f64) -> [f64; 3] {
         let s = sign(y);
-        gauss_hermite_grads(mean, var, |f| log_lik3(link, s, f))
+        let [value, d_mean, d_var] = quadrature::expect_and_grads(mean, var, |f| log_lik3(link, s, f));
+        // Log-concave, so ∂E/∂v ≤ 0; far in the saturated tail rounding in
+        // ∂_f log p ≈ ±1 can leave a ~1e−14 positive residue.
+        [value, d_mean, d_var.min(0.0)]
     }
 
     pub(super) fn log_predictive(link: Link, mean: f64, var: f64, y: f64) -> f64 {
@@ -376,9 +375,9 @@ mod bernoulli {
     }
 
     #[cfg(test)]
-    pub(super) fn quadrature_log_predictive(link: Link, mean: f64, var: f64, y: f64) -> f64 {
+    pub(super) fn quadrature_log_predictive(link: Link, mean: f64, var: f64, y: f64, nodes: usize) -> f64 {
         let s = sign(y);
-        quadrature::log_expect_exp(mean, var, |f| log_lik(link, s, f))
+        quadrature::rule(nodes).log_expect_exp(mean, var, |f| log_lik(link, s, f))
     }
 }
 
@@ -427,9 +426,13 @@ impl StudentT {
 
     /// `([E, ∂E/∂μ, ∂E/∂v], [∂E/∂ log ν, ∂E/∂ log s])`.
     fn expectation(&self, mean: f64, var: f64, y: f64) -> ([f64; 3], [f64; 2]) {
-        let [k, d1, d2, d_df, d_scale] = quadrature::expect_many(mean, var, |f| self.kernel5(y, f));
+        let ([k, d_mean, d_var], [d_df, d_scale]) =
+            quadrature::rule(quadrature::DEFAULT_NODES).expect_and_grads(mean, var, |f| {
+                let [k0, k1, k2, k_df, k_scale] = self.kernel5(y, f);
+                ([k0, k1, k2], [k_df, k_scale])
+            });
         (
-            [self.log_norm + k, d1, 0.5 * d2],
+            [self.log_norm + k, d_mean, d_var],
             [self.d_log_norm_d_log_df + d_df, d_scale - 1.0],
         )
     }
@@ -467,6 +470,15 @@ impl Softmax {
         }
     }
 
+    fn label(&self, y: f64) -> usize {
+        debug_assert!(
+            y >= 0.0 && (y as usize) < self.classes,
+            "class {y} not in 0..{}",
+            self.classes
+        );
+        y as usize
+    }
+
     fn n_draws(&self) -> usize {
         2 * self.eps.len() / self.classes
     }
@@ -496,7 +508,8 @@ impl Softmax {
                         *p = (fk - max).exp();
                         total += *p;
                     }
-                    probs.iter_mut().for_each(|p| *p /= total);
+                    let inv_total = total.recip();
+                    probs.iter_mut().for_each(|p| *p *= inv_total);
                     let log_norm = max + total.ln();
                     visit(&SoftmaxDraw {
                         sign,
@@ -513,14 +526,14 @@ impl Softmax {
     /// Exact derivatives of the fixed-sample estimate
     /// `E = mean_s log softmax(μ + √v ∘ ε_s)_y`.
     fn expectation(&self, mean: &[f64], var: &[f64], y: f64, out: &mut Expectation) {
-        let label = y as usize;
+        let label = self.label(y);
         let mut value = 0.0;
         out.d_mean.fill(0.0);
         out.d_var.fill(0.0);
         self.for_each_draw(mean, var, |d| {
             value += d.f[label] - d.log_norm;
             for (k, &p) in d.probs.iter().enumerate() {
-                let g = f64::from(u8::from(k == label)) - p;
+                let g = if k == label { 1.0 - p } else { -p };
                 out.d_mean[k] += g;
                 // Divided by 2√v_k once at the end.
                 out.d_var[k] += g * d.sign * d.eps[k];
@@ -535,7 +548,7 @@ impl Softmax {
     }
 
     fn log_predictive(&self, mean: &[f64], var: &[f64], y: f64) -> f64 {
-        let label = y as usize;
+        let label = self.label(y);
         let mut acc = LogSumExp::default();
         self.for_each_draw(mean, var, |d| acc.add(d.f[label] - d.log_norm));
         acc.value() - (self.n_draws() as f64).ln()
@@ -740,9 +753,10 @@ pub(crate) mod special {
             let s = erfcx(-x * FRAC_1_SQRT_2);
             (-0.5 * x * x + (0.5 * s).ln(), SQRT_2_OVER_PI / s)
         } else {
-            let upper = 0.5 * erfc(x * FRAC_1_SQRT_2);
-            let pdf = FRAC_1_SQRT_2PI * (-0.5 * x * x).exp();
-            ((-upper).ln_1p(), pdf / (1.0 - upper))
+            // One exp serves both the density and the upper tail (hot path).
+            let gauss = (-0.5 * x * x).exp();
+            let upper = 0.5 * gauss * erfcx(x * FRAC_1_SQRT_2);
+            ((-upper).ln_1p(), FRAC_1_SQRT_2PI * gauss / (1.0 - upper))
         }
     }
 
@@ -753,6 +767,13 @@ pub(crate) mod special {
     /// `log(1 + eˣ)` without overflow or loss for large `|x|`.
     pub(crate) fn softplus(x: f64) -> f64 {
         x.max(0.0) + (-x.abs()).exp().ln_1p()
+    }
+
+    /// `(log σ(x), σ(−x), σ(x) σ(−x))` from a single exp, accurate in both tails.
+    pub(crate) fn log_sigmoid_parts(x: f64) -> (f64, f64, f64) {
+        let e = (-x.abs()).exp();
+        let complement = if x >= 0.0 { e / (1.0 + e) } else { 1.0 / (1.0 + e) };
+        (x.min(0.0) - e.ln_1p(), complement, e / ((1.0 + e) * (1.0 + e)))
     }
 
     /// `1 / (1 + e⁻ˣ)` without overflow.
@@ -861,7 +882,8 @@ mod tests {
 
     #[test]
     fn digamma_spot_values_and_lgamma_derivative() {
-        assert_close(digamma(1.0), -0.577_215_664_901_532_9, 1e-15, 0.0, "ψ(1)");
+        // The recurrence from 1 to 10 cancels a couple of digits' worth of ulps.
+        assert_close(digamma(1.0), -0.577_215_664_901_532_9, 5e-15, 0.0, "ψ(1)");
         assert_close(digamma(0.25), -4.227_453_533_376_265, 1e-14, 0.0, "ψ(0.25)");
         assert_close(digamma(3.7), 1.167_153_539_361_511_4, 1e-14, 0.0, "ψ(3.7)");
         assert_close(digamma(25.5), 3.218_942_472_883_919_8, 1e-14, 0.0, "ψ(25.5)");
@@ -876,7 +898,7 @@ mod tests {
         assert_close(erfc(1.0), 0.157_299_207_050_285_13, 1e-15, 0.0, "erfc(1)");
         assert_close(erfc(0.3), 0.671_373_240_540_872_6, 1e-15, 0.0, "erfc(0.3)");
         assert_close(erfc(2.5), 4.069_520_174_449_589e-4, 1e-14, 0.0, "erfc(2.5)");
-        assert_close(erfc(5.0), 1.537_459_794_428_034_9e-12, 1e-14, 0.0, "erfc(5)");
+        assert_close(erfc(5.0), 1.537_459_794_428_035e-12, 1e-14, 0.0, "erfc(5)");
         assert_close(erfcx(0.2), 0.809_019_519_901_580_7, 1e-15, 0.0, "erfcx(0.2)");
         assert_close(erfcx(5.5), 0.100_962_218_399_499_09, 1e-15, 0.0, "erfcx(5.5)");
         assert_close(erfcx(10.0), 0.056_140_992_743_822_59, 1e-15, 0.0, "erfcx(10)");
@@ -888,16 +910,20 @@ mod tests {
     #[test]
     fn log_ndtr_is_accurate_in_both_tails() {
         assert_eq!(log_ndtr(0.0), 0.5f64.ln());
-        // The asymptotic series at x = −30; its next term is O(x⁻⁶) ≈ 2e−8 relative to 1.
+        // The asymptotic series at x = −30: three terms are off by the next,
+        // 15/x⁶ ≈ 2.1e−8; five terms by 945/x¹⁰ ≈ 1.6e−12.
         let x: f64 = -30.0;
         let log_pdf = -0.5 * x * x - 0.5 * (2.0 * PI).ln();
-        let series = log_pdf - (-x).ln() + (1.0 - 1.0 / x.powi(2) + 3.0 / x.powi(4)).ln();
-        assert_close(log_ndtr(x), series, 1e-12, 0.0, "log Φ(−30) vs series");
+        let head = log_pdf - (-x).ln();
+        let series3 = head + (1.0 - 1.0 / x.powi(2) + 3.0 / x.powi(4)).ln();
+        assert_close(log_ndtr(x), series3, 0.0, 2.2e-8, "log Φ(−30) vs 3-term series");
+        let series5 = head + (1.0 - 1.0 / x.powi(2) + 3.0 / x.powi(4) - 15.0 / x.powi(6) + 105.0 / x.powi(8)).ln();
+        assert_close(log_ndtr(x), series5, 0.0, 2e-12, "log Φ(−30) vs 5-term series");
         assert_close(log_ndtr(-30.0), -454.321_243_956_343_2, 1e-15, 0.0, "log Φ(−30)");
         assert_close(log_ndtr(-40.0), -804.608_442_013_753_8, 1e-15, 0.0, "log Φ(−40)");
         assert_close(log_ndtr(-5.0), -15.064_998_393_988_726, 1e-15, 0.0, "log Φ(−5)");
         assert_close(log_ndtr(3.0), -1.350_809_964_748_193_8e-3, 1e-14, 0.0, "log Φ(3)");
-        assert_close(log_ndtr(10.0), -7.619_853_016_486_503e-24, 1e-13, 0.0, "log Φ(10)");
+        assert_close(log_ndtr(10.0), -7.619_853_024_160_526e-24, 1e-14, 0.0, "log Φ(10)");
         let (_, mills) = log_ndtr_and_mills(-40.0);
         assert_close(mills, 40.024_968_847_207_26, 1e-14, 0.0, "φ/Φ at −40");
     }
@@ -929,7 +955,7 @@ mod tests {
         for &(m, v, y) in &[(0.3, 0.5, 1.2), (-2.0, 3.0, 4.0), (5.0, 1e-3, -1.0)] {
             let mut out = Expectation::default();
             gauss.expectation(&[m], &[v], y, &mut out);
-            let quad = gauss_hermite_grads(m, v, |f| {
+            let quad = quadrature::expect_and_grads(m, v, |f| {
                 [gaussian::log_density(y, f, noise), (y - f) / noise, -1.0 / noise]
             });
             assert_close(out.value, quad[0], 1e-10, 0.0, "gaussian E");
@@ -940,7 +966,7 @@ mod tests {
             let mut out = Expectation::default();
             Likelihood::Poisson.expectation(&[m], &[v], y, &mut out);
             let log_fact = ln_gamma(y + 1.0);
-            let quad = gauss_hermite_grads(m, v, |f| {
+            let quad = quadrature::expect_and_grads(m, v, |f| {
                 let rate = f.exp();
                 [y * f - rate - log_fact, y - rate, -rate]
             });
@@ -969,12 +995,30 @@ mod tests {
     fn bernoulli_gradients_including_extremes() {
         for lik in [probit(), logit()] {
             for m in [-8.0, -1.0, 0.0, 0.5, 8.0] {
-                for v in [1e-4, 0.3, 1.0, 10.0] {
+                for v in [1e-4, 0.3, 1.0, 10.0, 100.0] {
                     for y in [0.0, 1.0] {
                         check_gradients(&lik, &[m], &[v], y);
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn bernoulli_tends_to_pointwise_derivatives_as_v_vanishes() {
+        // Below quadrature::PRICE_BELOW_VAR, where finite differences in v drown in rounding.
+        for m in [-8.0, -0.4, 2.0] {
+            let mut out = Expectation::default();
+            probit().expectation(&[m], &[1e-10], 1.0, &mut out);
+            let (log_cdf, mills) = log_ndtr_and_mills(m);
+            assert_close(out.value, log_cdf, 1e-9, 1e-12, "log Φ(μ)");
+            assert_close(out.d_mean[0], mills, 1e-9, 1e-12, "λ(μ)");
+            assert_close(out.d_var[0], -0.5 * mills * (m + mills), 1e-8, 1e-12, "½ ∂²");
+            logit().expectation(&[m], &[1e-10], 0.0, &mut out);
+            let p = sigmoid(m);
+            assert_close(out.value, -softplus(m), 1e-9, 1e-12, "log σ(−μ)");
+            assert_close(out.d_mean[0], -p, 1e-9, 1e-12, "−σ(μ)");
+            assert_close(out.d_var[0], -0.5 * p * (1.0 - p), 1e-8, 1e-12, "½ ∂²");
         }
     }
 
@@ -990,7 +1034,9 @@ mod tests {
                         let ctx = format!("{} μ={m} v={v} y={y}", lik.name());
                         assert!(out.value.is_finite() && out.value <= 0.0, "{ctx}: E={}", out.value);
                         assert!(out.d_mean[0].is_finite(), "{ctx}");
-                        assert!(beta > 0.0 && beta.is_finite(), "{ctx}: β̂ = {beta}");
+                        // At |μ| = 40 with tiny v the curvature underflows to 0.
+                        let positive = if m.abs() < 10.0 { beta > 0.0 } else { beta >= 0.0 };
+                        assert!(positive && beta.is_finite(), "{ctx}: β̂ = {beta}");
                         assert!(lik.log_predictive(&[m], &[v], y).is_finite(), "{ctx}");
                     }
                 }
@@ -1003,8 +1049,9 @@ mod tests {
         for &(m, v) in &[(0.0, 1.0), (0.5, 0.2), (-2.0, 3.0), (3.0, 0.5)] {
             for y in [0.0, 1.0] {
                 let closed = probit().log_predictive(&[m], &[v], y);
-                let quad = bernoulli::quadrature_log_predictive(Link::Probit, m, v, y);
-                assert_close(closed, quad, 1e-9, 0.0, &format!("μ={m} v={v} y={y}"));
+                // 32 nodes are good to ~1e−9 here; 96 nodes pin the closed form tightly.
+                let quad = bernoulli::quadrature_log_predictive(Link::Probit, m, v, y, 96);
+                assert_close(closed, quad, 1e-12, 0.0, &format!("μ={m} v={v} y={y}"));
             }
         }
     }
@@ -1155,6 +1202,16 @@ mod tests {
     }
 
     #[test]
+    fn softmax_draws_are_antithetic() {
+        // σ(ε₀ − ε₁) + σ(ε₁ − ε₀) = 1, so a symmetric point gives exactly ½ only
+        // when every draw is paired with its negation.
+        let Predictive::Classes(p) = softmax(2, 11).predict(&[0.0, 0.0], &[1.0, 1.0]) else {
+            panic!("expected classes")
+        };
+        assert_close(p[0], 0.5, 1e-14, 0.0, "p0");
+    }
+
+    #[test]
     fn softmax_gradients() {
         let cases = [
             (softmax(3, 0), vec![0.2, -0.5, 1.0], vec![0.5, 1.0, 0.2]),
@@ -1170,11 +1227,11 @@ mod tests {
 
     #[test]
     fn softmax_two_class_matches_logit_roughly() {
-        // softmax([f, 0]) class 0 is σ(f); with 64 antithetic pairs the MC
-        // estimate should be within a few percent of quadrature.
+        // softmax([f, 0]) class 0 is σ(f). The default 64 pairs are only good
+        // to ~5% here; 4096 pairs bring the MC error to ~1%.
         let sm = Likelihood::Softmax {
             classes: 2,
-            samples: 64,
+            samples: 4096,
             seed: 0,
         };
         let mc = value(&sm, &[0.7, 0.0], &[0.9, 0.0], 0.0);
@@ -1305,14 +1362,18 @@ mod tests {
         for lik in &liks {
             let n = lik.n_latent();
             let (m, v) = (vec![0.3; n], vec![0.7; n]);
-            let reps = 200_000;
-            let start = std::time::Instant::now();
+            // Best of many short batches, to see through other load on the machine.
+            let mut best = f64::INFINITY;
             let mut sink = 0.0;
-            for i in 0..reps {
-                lik.expectation(&m, &v, (i % 2) as f64, &mut out);
-                sink += out.value;
+            for _ in 0..50 {
+                let start = std::time::Instant::now();
+                for i in 0..2_000 {
+                    lik.expectation(&m, &v, (i % 2) as f64, &mut out);
+                    sink += out.value;
+                }
+                best = best.min(start.elapsed().as_nanos() as f64 / 2_000.0);
             }
-            let ns = start.elapsed().as_nanos() as f64 / reps as f64;
+            let ns = best;
             println!("{:>16}: {ns:8.1} ns/call (sink {sink:.3})", lik.name());
         }
     }

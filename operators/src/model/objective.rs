@@ -20,6 +20,8 @@ use super::posterior::DualPosterior;
 pub struct Objective {
     pub value: f64,
     pub grad: DVector<f64>,
+    /// `∂F/∂Z`, `m × d`, for moving the inducing inputs with the sites held.
+    pub grad_z: DMatrix<f64>,
 }
 
 /// The hyperparameter vector: kernel log-parameters, then the likelihood's.
@@ -124,9 +126,13 @@ pub fn m_step_objective(
     kernel_grad += kernel.matrix_grad(&post.z, data.x(), &g_kzx);
     kernel_grad += kernel.diag_grad(data.x(), &g_diag);
 
+    let grad_z = kernel.input_grad(&post.z, &post.z, &g_k)
+        + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
+        + kernel.input_grad(&post.z, data.x(), &g_kzx);
+
     let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
     grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);
     grad.rows_mut(kernel.n_params(), likelihood.n_params())
         .copy_from(&lik_grad);
-    Ok(Objective { value, grad })
+    Ok(Objective { value, grad, grad_z })
 }

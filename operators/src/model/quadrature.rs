@@ -14,6 +14,10 @@ use nalgebra::DMatrix;
 /// exact for polynomials of degree `2n − 1`.
 pub const DEFAULT_NODES: usize = 32;
 
+/// Variance below which [`GaussHermite::expect_and_grads`] switches to
+/// Price's `½ E h''` for `∂E/∂v`.
+pub const PRICE_BELOW_VAR: f64 = 1e-6;
+
 /// Largest supported rule; beyond this the orthonormal recurrence can overflow.
 pub const MAX_NODES: usize = 256;
 
@@ -85,6 +89,40 @@ impl GaussHermite {
             }
         }
         acc
+    }
+
+    /// `[E, ∂E/∂μ, ∂E/∂v]` for `E(μ, v) = E_{N(f; μ, v)}[h(f)]` and
+    /// `h3(f) = [h, h', h'']`, plus plain expectations of `K` extra values.
+    ///
+    /// `∂E/∂v` is the exact derivative of this rule's estimate of `E`,
+    /// `Σ w h'(μ + σx) x / 2σ` (Stein's identity), rather than Price's
+    /// `½ Σ w h''`: both equal `½ E h''` for the true integral, but the former
+    /// is consistent with the returned value and far more accurate when `h''`
+    /// is sharper than `σ` (Student-t with a small scale, probit with large
+    /// `v`). Below [`PRICE_BELOW_VAR`], where dividing by `σ` would cancel,
+    /// Price's form is used; there the two agree to rounding.
+    pub fn expect_and_grads<const K: usize>(
+        &self,
+        mean: f64,
+        var: f64,
+        mut h: impl FnMut(f64) -> ([f64; 3], [f64; K]),
+    ) -> ([f64; 3], [f64; K]) {
+        let var = var.max(0.0);
+        let sd = var.sqrt();
+        let price = var < PRICE_BELOW_VAR;
+        let (mut value, mut d_mean, mut d_var) = (0.0, 0.0, 0.0);
+        let mut extra = [0.0; K];
+        for (x, w) in self.nodes.iter().zip(&self.weights) {
+            let ([h0, h1, h2], more) = h(mean + sd * x);
+            value += w * h0;
+            d_mean += w * h1;
+            d_var += w * if price { h2 } else { h1 * x };
+            for (a, v) in extra.iter_mut().zip(more) {
+                *a += w * v;
+            }
+        }
+        d_var *= if price { 0.5 } else { 0.5 / sd };
+        ([value, d_mean, d_var], extra)
     }
 
     /// `log E_{N(f; mean, var)}[exp(log_h(f))]`, computed without leaving log
@@ -170,6 +208,11 @@ pub fn expect_with_derivatives(mean: f64, var: f64, mut h: impl FnMut(f64) -> (f
         [a, b, c]
     });
     (e0, e1, e2)
+}
+
+/// [`GaussHermite::expect_and_grads`] with the default rule and no extras.
+pub fn expect_and_grads(mean: f64, var: f64, mut h3: impl FnMut(f64) -> [f64; 3]) -> [f64; 3] {
+    rule(DEFAULT_NODES).expect_and_grads(mean, var, |f| (h3(f), [0.0; 0])).0
 }
 
 /// [`GaussHermite::log_expect_exp`] with the default rule.
@@ -312,6 +355,39 @@ mod tests {
         for e in [e0, e1, e2] {
             assert!(close(e, want, 1e-12));
         }
+    }
+
+    #[test]
+    fn expect_and_grads_are_exact_derivatives_of_the_estimate() {
+        // A sharp integrand, where the rule is far from exact, so only true
+        // consistency with the returned value passes.
+        let h3 = |f: f64| {
+            let d = 0.01 + f * f;
+            [-(d.ln()), -2.0 * f / d, (2.0 * f * f - 0.02) / (d * d)]
+        };
+        let value = |m: f64, v: f64| expect(m, v, |f| h3(f)[0]);
+        for &(m, v) in &[(0.3, 4.0), (-1.0, 0.5), (2.0, 1e-3)] {
+            let [e, dm, dv] = expect_and_grads(m, v, h3);
+            assert_eq!(e, value(m, v));
+            let h = 1e-4;
+            let fd_m = (value(m + h, v) - value(m - h, v)) / (2.0 * h);
+            let fd_v = (value(m, v * (1.0 + h)) - value(m, v * (1.0 - h))) / (2.0 * h * v);
+            assert!(close(dm, fd_m, 1e-6), "∂μ at ({m}, {v}): {dm} vs {fd_m}");
+            assert!(close(dv, fd_v, 1e-6), "∂v at ({m}, {v}): {dv} vs {fd_v}");
+        }
+    }
+
+    #[test]
+    fn expect_and_grads_price_branch_matches_closed_form() {
+        // E exp(f) = exp(μ + v/2): ∂μ = E, ∂v = E/2, on both sides of the switch.
+        for v in [0.5 * PRICE_BELOW_VAR, 2.0 * PRICE_BELOW_VAR, 0.3] {
+            let [e, dm, dv] = expect_and_grads(0.4, v, |f| [f.exp(); 3]);
+            let want = (0.4 + v / 2.0).exp();
+            assert!(close(e, want, 1e-14) && close(dm, want, 1e-14));
+            assert!(close(dv, want / 2.0, 1e-9), "v={v}: {dv}");
+        }
+        let (_, [extra]) = rule(DEFAULT_NODES).expect_and_grads(1.0, 2.0, |f| ([0.0; 3], [f * f]));
+        assert!(close(extra, 3.0, 1e-14));
     }
 
     #[test]

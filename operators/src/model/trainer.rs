@@ -150,10 +150,21 @@ impl OfflineModel {
     ) -> Result<f64> {
         let theta0 = hyperparameters(&self.posterior.kernel, &self.likelihood);
         let theta = match (config.optimizer, adam) {
+            // L-BFGS climbs the profile `θ ↦ F(θ, sites*(θ))`: every evaluation
+            // first brings the sites to their E-step fixed point (warm-started), where
+            // the gradient at fixed sites is the gradient of the profile (envelope
+            // theorem; exact for a Gaussian likelihood, whose E-step is exact).
             (Optimizer::Lbfgs { history }, _) => {
                 let f = |theta: &DVector<f64>| {
-                    self.set_theta(theta)?;
-                    let o = m_step_objective(&self.posterior, &self.likelihood, data, None)?;
+                    let warm = self.sites.clone();
+                    let mut profile = |model: &mut Self| {
+                        model.set_theta(theta)?;
+                        model.rebuild_totals(data)?;
+                        model.e_step(data, config, rng)?;
+                        m_step_objective(&model.posterior, &model.likelihood, data, None)
+                    };
+                    // A failed trial point must not leave its sites behind.
+                    let o = profile(self).inspect_err(|_| self.sites = warm)?;
                     Ok((o.value, o.grad))
                 };
                 lbfgs_maximize(f, theta0, config.m_steps, history)?.0
@@ -180,6 +191,11 @@ impl OfflineModel {
             }
         };
         self.set_theta(&theta)?;
+        if matches!(config.optimizer, Optimizer::Lbfgs { .. }) {
+            // The line search may have ended on a rejected point's sites.
+            self.rebuild_totals(data)?;
+            self.e_step(data, config, rng)?;
+        }
         Ok(m_step_objective(&self.posterior, &self.likelihood, data, None)?.value)
     }
 

@@ -1,0 +1,420 @@
+//! The "paper-uci" evaluation protocol as data preparation (no model code).
+//!
+//! For a data set and fold k: test = rows with `fold == k`, train = the rest
+//! (or a separate test file). Features, and the target for regression, are
+//! standardised with train statistics; the train rows are put in the chosen
+//! [`Order`] and cut into consecutive, nearly equal batches.
+//!
+//! ```no_run
+//! use dualgp_connectors::{ColumnSpec, Table};
+//! use dualgp_pipelines::protocol::{fold_split, prepare, Order};
+//!
+//! let table = Table::read("../shared/data/elevators.parquet", &ColumnSpec::default())?;
+//! let split = fold_split(&table, 0)?;
+//! let order: Order = "shuffle:0".parse()?;
+//! let data = prepare(&split, &order, 10, true)?;
+//! for b in 0..data.batches.len() {
+//!     let (x, y) = data.batch(b);
+//!     // learn from (x, y), then score on (data.x_test, data.y_test)
+//! #   let _ = (x, y);
+//! }
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+
+use dualgp_connectors::Table;
+use nalgebra::{DMatrix, DMatrixView, DVector, DVectorView};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// Why the protocol could not be set up. Each message is one line saying what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// An order string that does not parse.
+    #[error("bad order `{given}`: {reason}; use id, shuffle:SEED or sorted:COLUMN")]
+    BadOrder {
+        /// The string given.
+        given: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A fold was asked for but the data has no fold column.
+    #[error("the data has no fold column; give a separate test file instead of a fold")]
+    NoFolds,
+    /// The fold asked for has no rows.
+    #[error("fold {fold} has no rows; the data's folds are {}", join(.available))]
+    EmptyFold {
+        /// The fold asked for.
+        fold: i8,
+        /// The folds the data has.
+        available: Vec<i8>,
+    },
+    /// Every row is in the test fold, so nothing is left to train on.
+    #[error("every row is in fold {fold}, leaving no training rows; use data with several folds")]
+    NoTrainRows {
+        /// The fold asked for.
+        fold: i8,
+    },
+    /// `sorted:COLUMN` names a column that is not a feature.
+    #[error("cannot sort by `{column}`: it is not a feature; the features are {}", .available.join(", "))]
+    UnknownColumn {
+        /// The column asked for.
+        column: String,
+        /// The feature names.
+        available: Vec<String>,
+    },
+    /// The train or test data has no labels.
+    #[error("the {side} data has no labels (y); the protocol needs a label column")]
+    NoLabels {
+        /// "train" or "test".
+        side: &'static str,
+    },
+    /// Train and test have different feature columns.
+    #[error("train and test have different features ({} vs {}); use files with the same x columns", .train.join(","), .test.join(","))]
+    FeatureMismatch {
+        /// The train features.
+        train: Vec<String>,
+        /// The test features.
+        test: Vec<String>,
+    },
+    /// The batch count does not fit the number of rows.
+    #[error("cannot split {n} rows into {k} batches; use between 1 and {n} batches")]
+    BadBatches {
+        /// Rows to split.
+        n: usize,
+        /// Batches asked for.
+        k: usize,
+    },
+}
+
+fn join(v: &[i8]) -> String {
+    v.iter().map(i8::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The order in which the learner sees the train rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// File order (`id`).
+    #[default]
+    Id,
+    /// A seeded shuffle (`shuffle:SEED`): ChaCha8 seeded with SEED, Fisher–Yates.
+    Shuffle(u64),
+    /// Stably sorted by a feature, ascending (`sorted:COLUMN`, e.g. `sorted:x0`).
+    Sorted(String),
+}
+
+impl FromStr for Order {
+    type Err = ProtocolError;
+
+    /// Parse `id`, `shuffle:SEED` (SEED a non-negative integer) or `sorted:COLUMN`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &str| ProtocolError::BadOrder {
+            given: s.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        match (kind, arg) {
+            ("id", None) => Ok(Order::Id),
+            ("id", Some(_)) => Err(bad("`id` takes no argument")),
+            ("shuffle", None) | ("shuffle", Some("")) => Err(bad("shuffle needs a seed, e.g. shuffle:0")),
+            ("shuffle", Some(seed)) => seed
+                .parse::<u64>()
+                .map(Order::Shuffle)
+                .map_err(|_| bad("the seed must be a non-negative integer")),
+            ("sorted", None) | ("sorted", Some("")) => Err(bad("sorted needs a column, e.g. sorted:x0")),
+            ("sorted", Some(col)) => Ok(Order::Sorted(col.to_owned())),
+            ("", _) => Err(bad("it is empty")),
+            _ => Err(bad("unknown kind of order")),
+        }
+    }
+}
+
+impl fmt::Display for Order {
+    /// The same form [`Order::from_str`] reads.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Order::Id => f.write_str("id"),
+            Order::Shuffle(seed) => write!(f, "shuffle:{seed}"),
+            Order::Sorted(col) => write!(f, "sorted:{col}"),
+        }
+    }
+}
+
+/// The row indices of `table` in the given order (a permutation of `0..table.n()`).
+///
+/// Fails only for `sorted:COLUMN` with a column that is not a feature.
+pub fn order_rows(table: &Table, order: &Order) -> Result<Vec<usize>, ProtocolError> {
+    let mut rows: Vec<usize> = (0..table.n()).collect();
+    match order {
+        Order::Id => {}
+        Order::Shuffle(seed) => rows.shuffle(&mut ChaCha8Rng::seed_from_u64(*seed)),
+        Order::Sorted(column) => {
+            let j = table
+                .feature_index(column)
+                .ok_or_else(|| ProtocolError::UnknownColumn {
+                    column: column.clone(),
+                    available: table.feature_names.clone(),
+                })?;
+            let x = table.features.column(j);
+            rows.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
+        }
+    }
+    Ok(rows)
+}
+
+/// `n` rows cut into `k` consecutive batches whose sizes differ by at most one
+/// (the larger ones first).
+///
+/// Fails if `k == 0` or `k > n`.
+pub fn batches(n: usize, k: usize) -> Result<Vec<Range<usize>>, ProtocolError> {
+    if k == 0 || k > n {
+        return Err(ProtocolError::BadBatches { n, k });
+    }
+    let (size, extra) = (n / k, n % k);
+    let mut start = 0;
+    Ok((0..k)
+        .map(|b| {
+            let end = start + size + usize::from(b < extra);
+            let r = start..end;
+            start = end;
+            r
+        })
+        .collect())
+}
+
+/// Train and test tables with the same features.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    /// The rows to learn from.
+    pub train: Table,
+    /// The held-out rows.
+    pub test: Table,
+}
+
+impl Split {
+    /// A split from two tables (e.g. a separate test file); their feature
+    /// names must agree.
+    pub fn new(train: Table, test: Table) -> Result<Split, ProtocolError> {
+        if train.feature_names != test.feature_names {
+            return Err(ProtocolError::FeatureMismatch {
+                train: train.feature_names,
+                test: test.feature_names,
+            });
+        }
+        Ok(Split { train, test })
+    }
+}
+
+/// Test = the rows of `table` in fold `k`, train = the rest, both in table order.
+pub fn fold_split(table: &Table, k: i8) -> Result<Split, ProtocolError> {
+    let folds = table.folds.as_ref().ok_or(ProtocolError::NoFolds)?;
+    let (test, train): (Vec<usize>, Vec<usize>) = (0..table.n()).partition(|&i| folds[i] == k);
+    if test.is_empty() {
+        let mut available = folds.clone();
+        available.sort_unstable();
+        available.dedup();
+        return Err(ProtocolError::EmptyFold { fold: k, available });
+    }
+    if train.is_empty() {
+        return Err(ProtocolError::NoTrainRows { fold: k });
+    }
+    Ok(Split {
+        train: table.select(&train),
+        test: table.select(&test),
+    })
+}
+
+/// Per-feature (and optionally target) shift and scale fitted on train data.
+///
+/// Uses the population standard deviation (divide by n); a constant column
+/// gets its value as mean and scale 1, so it standardises to exactly zero. Without target scaling `y_mean = 0` and `y_std = 1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Standardizer {
+    /// Per-feature means.
+    pub x_mean: DVector<f64>,
+    /// Per-feature standard deviations (1 for constant features).
+    pub x_std: DVector<f64>,
+    /// Target mean (0 if the target is not scaled).
+    pub y_mean: f64,
+    /// Target standard deviation (1 if the target is not scaled or constant).
+    pub y_std: f64,
+}
+
+/// Mean and population standard deviation; `(value, 1)` for a constant input
+/// and `(0, 1)` for an empty one.
+fn mean_std(v: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
+    let (n, sum) = v.clone().fold((0usize, 0.0), |(n, s), x| (n + 1, s + x));
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let mean = sum / n as f64;
+    let mut first = None;
+    let mut constant = true;
+    let mut ss = 0.0;
+    for x in v {
+        let f = *first.get_or_insert(x);
+        constant &= x == f;
+        ss += (x - mean) * (x - mean);
+    }
+    let std = (ss / n as f64).sqrt();
+    match first {
+        // Exactly the value, so a constant column becomes exactly zero.
+        Some(f) if constant || std == 0.0 => (f, 1.0),
+        _ => (mean, std),
+    }
+}
+
+impl Standardizer {
+    /// Fit on train features `x` (rows are records) and, if given, train targets `y`.
+    pub fn fit(x: &DMatrix<f64>, y: Option<&[f64]>) -> Standardizer {
+        let d = x.ncols();
+        let mut x_mean = DVector::zeros(d);
+        let mut x_std = DVector::from_element(d, 1.0);
+        for j in 0..d {
+            (x_mean[j], x_std[j]) = mean_std(x.column(j).iter().copied());
+        }
+        let (y_mean, y_std) = y.map_or((0.0, 1.0), |y| mean_std(y.iter().copied()));
+        Standardizer {
+            x_mean,
+            x_std,
+            y_mean,
+            y_std,
+        }
+    }
+
+    /// `(x - mean) / std`, column by column.
+    pub fn transform_x(&self, x: &DMatrix<f64>) -> DMatrix<f64> {
+        let mut out = x.clone();
+        for (j, mut col) in out.column_iter_mut().enumerate() {
+            let (m, s) = (self.x_mean[j], self.x_std[j]);
+            col.apply(|v| *v = (*v - m) / s);
+        }
+        out
+    }
+
+    /// `(y - y_mean) / y_std`.
+    pub fn transform_y(&self, y: &[f64]) -> DVector<f64> {
+        DVector::from_iterator(y.len(), y.iter().map(|v| (v - self.y_mean) / self.y_std))
+    }
+
+    /// Predictive means back on the original target scale: `m * y_std + y_mean`.
+    pub fn inverse_y(&self, mean: &DVector<f64>) -> DVector<f64> {
+        mean.map(|m| m * self.y_std + self.y_mean)
+    }
+
+    /// Predictive variances back on the original target scale: `v * y_std²`.
+    pub fn inverse_y_var(&self, var: &DVector<f64>) -> DVector<f64> {
+        var.map(|v| v * self.y_std * self.y_std)
+    }
+}
+
+/// Arrays ready for a learner: standardised, train rows in stream order, and
+/// the train batches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prepared {
+    /// Standardised train features, rows in the chosen order.
+    pub x_train: DMatrix<f64>,
+    /// Train targets in the same order (standardised if asked).
+    pub y_train: DVector<f64>,
+    /// Standardised test features, in table order.
+    pub x_test: DMatrix<f64>,
+    /// Test targets on the same scale as `y_train`.
+    pub y_test: DVector<f64>,
+    /// Consecutive row ranges of `x_train` / `y_train`, one per batch.
+    pub batches: Vec<Range<usize>>,
+    /// Ids of the rows of `x_train`.
+    pub train_ids: Vec<i64>,
+    /// Ids of the rows of `x_test`.
+    pub test_ids: Vec<i64>,
+    /// Feature names, in column order.
+    pub feature_names: Vec<String>,
+    /// The scaling that was applied (to map predictions back).
+    pub standardizer: Standardizer,
+}
+
+impl Prepared {
+    /// The features and targets of batch `b`.
+    ///
+    /// # Panics
+    /// If `b >= self.batches.len()`.
+    pub fn batch(&self, b: usize) -> (DMatrixView<'_, f64>, DVectorView<'_, f64>) {
+        let r = self.batches[b].clone();
+        (self.x_train.rows_range(r.clone()), self.y_train.rows_range(r))
+    }
+
+    /// Number of train rows.
+    pub fn n_train(&self) -> usize {
+        self.x_train.nrows()
+    }
+
+    /// Number of test rows.
+    pub fn n_test(&self) -> usize {
+        self.x_test.nrows()
+    }
+}
+
+/// Set up the protocol: fit the [`Standardizer`] on `split.train` (the target
+/// too if `standardize_y`, i.e. for regression), order the train rows, and cut
+/// them into `n_batches` batches.
+pub fn prepare(split: &Split, order: &Order, n_batches: usize, standardize_y: bool) -> Result<Prepared, ProtocolError> {
+    let (train, test) = (&split.train, &split.test);
+    if train.feature_names != test.feature_names {
+        return Err(ProtocolError::FeatureMismatch {
+            train: train.feature_names.clone(),
+            test: test.feature_names.clone(),
+        });
+    }
+    let y_tr = train
+        .labels
+        .as_deref()
+        .ok_or(ProtocolError::NoLabels { side: "train" })?;
+    let y_te = test.labels.as_deref().ok_or(ProtocolError::NoLabels { side: "test" })?;
+    let rows = order_rows(train, order)?;
+    let batches = batches(rows.len(), n_batches)?;
+
+    let standardizer = Standardizer::fit(&train.features, standardize_y.then_some(y_tr));
+    let ordered = train.select(&rows);
+    Ok(Prepared {
+        x_train: standardizer.transform_x(&ordered.features),
+        y_train: standardizer.transform_y(ordered.labels.as_deref().unwrap_or_default()),
+        x_test: standardizer.transform_x(&test.features),
+        y_test: standardizer.transform_y(y_te),
+        batches,
+        train_ids: ordered.ids,
+        test_ids: test.ids.clone(),
+        feature_names: train.feature_names.clone(),
+        standardizer,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_columns_get_scale_one() {
+        let x = DMatrix::from_row_slice(3, 2, &[1.0, 0.1, 2.0, 0.1, 3.0, 0.1]);
+        let s = Standardizer::fit(&x, Some(&[5.0, 5.0, 5.0]));
+        assert_eq!(s.x_std[1], 1.0);
+        assert_eq!(s.x_mean[1], 0.1);
+        assert!((s.x_std[0] - (2.0f64 / 3.0).sqrt()).abs() < 1e-15);
+        assert_eq!((s.y_mean, s.y_std), (5.0, 1.0));
+        let t = s.transform_x(&x);
+        assert!(t.column(1).iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn no_target_scaling_is_identity() {
+        let x = DMatrix::from_row_slice(2, 1, &[1.0, 3.0]);
+        let s = Standardizer::fit(&x, None);
+        assert_eq!((s.y_mean, s.y_std), (0.0, 1.0));
+        assert_eq!(s.transform_y(&[0.0, 1.0, 2.0]).as_slice(), &[0.0, 1.0, 2.0]);
+    }
+}
