@@ -3,4 +3,5 @@
 //! [`protocol`] turns a data [`Table`](dualgp_connectors::Table) into the
 //! standardised, ordered, batched arrays an evaluation protocol feeds a learner.
 
+pub mod demo;
 pub mod protocol;

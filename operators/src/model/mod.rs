@@ -25,4 +25,4 @@ pub use kernel::{Family, Kernel};
 pub use likelihood::{Likelihood, Link, Predictive};
 pub use posterior::DualPosterior;
 pub use predict::{evaluate, predict, Metrics};
-pub use trainer::{fit_offline, OfflineConfig, OfflineModel, Optimizer};
+pub use trainer::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel, Optimizer};

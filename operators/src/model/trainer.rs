@@ -13,7 +13,7 @@ use super::error::{ModelError, Result};
 use super::estep::{e_step, EStepConfig, PointSites};
 use super::inducing::select_inducing;
 use super::likelihood::Likelihood;
-use super::objective::{hyperparameters, m_step_objective, set_hyperparameters};
+use super::objective::{hyperparameters, m_step_objective, set_hyperparameters, Objective};
 use super::optim::{lbfgs_maximize, Adam};
 use super::posterior::DualPosterior;
 
@@ -22,6 +22,17 @@ use super::posterior::DualPosterior;
 pub enum Optimizer {
     Adam { lr: f64 },
     Lbfgs { history: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InducingUpdate {
+    /// Where pivoted Cholesky put them at the start.
+    Fixed,
+    /// Pivoted Cholesky again after every M-step, under the new kernel.
+    Pivoted,
+    /// Moved by the M-step's optimiser together with the hyperparameters.
+    Optimized,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,20 +45,20 @@ pub struct OfflineConfig {
     pub optimizer: Optimizer,
     /// Points per E-step and Adam step; `None` is full batch.
     pub minibatch: Option<usize>,
-    /// Re-run pivoted Cholesky on the training inputs after every M-step.
-    pub reselect_inducing: bool,
+    /// How the inducing inputs move after the pivoted-Cholesky start.
+    pub inducing: InducingUpdate,
     pub seed: u64,
 }
 
 impl Default for OfflineConfig {
     fn default() -> Self {
         OfflineConfig {
-            rounds: 20,
+            rounds: 3,
             e_step: EStepConfig { steps: 5, rho: 0.9 },
-            m_steps: 20,
+            m_steps: 40,
             optimizer: Optimizer::Lbfgs { history: 10 },
             minibatch: None,
-            reselect_inducing: true,
+            inducing: InducingUpdate::Optimized,
             seed: 0,
         }
     }
@@ -97,7 +108,7 @@ pub fn fit_offline(
         model.e_step(data, config, &mut rng)?;
         let value = model.m_step(data, config, adam.as_mut(), &mut rng)?;
         model.objective.push(value);
-        if config.reselect_inducing {
+        if config.inducing == InducingUpdate::Pivoted {
             let m = model.posterior.m();
             model.posterior.z = select_inducing(&model.posterior.kernel, data.x(), m);
         }
@@ -148,49 +159,47 @@ impl OfflineModel {
         adam: Option<&mut Adam>,
         rng: &mut ChaCha8Rng,
     ) -> Result<f64> {
-        let theta0 = hyperparameters(&self.posterior.kernel, &self.likelihood);
-        let theta = match (config.optimizer, adam) {
+        let with_z = config.inducing == InducingUpdate::Optimized;
+        let start = self.params(with_z);
+        let params = match (config.optimizer, adam) {
             // L-BFGS climbs the profile `θ ↦ F(θ, sites*(θ))`: every evaluation
             // first brings the sites to their E-step fixed point (warm-started), where
             // the gradient at fixed sites is the gradient of the profile (envelope
             // theorem; exact for a Gaussian likelihood, whose E-step is exact).
             (Optimizer::Lbfgs { history }, _) => {
-                let f = |theta: &DVector<f64>| {
+                let f = |p: &DVector<f64>| {
                     let warm = self.sites.clone();
                     let mut profile = |model: &mut Self| {
-                        model.set_theta(theta)?;
+                        model.set_params(p, with_z)?;
                         model.rebuild_totals(data)?;
                         model.e_step(data, config, rng)?;
                         m_step_objective(&model.posterior, &model.likelihood, data, None)
                     };
                     // A failed trial point must not leave its sites behind.
                     let o = profile(self).inspect_err(|_| self.sites = warm)?;
-                    Ok((o.value, o.grad))
+                    Ok((o.value, packed_grad(&o, with_z)))
                 };
-                lbfgs_maximize(f, theta0, config.m_steps, history)?.0
+                lbfgs_maximize(f, start, config.m_steps, history)?.0
             }
             (Optimizer::Adam { .. }, Some(adam)) => {
-                let mut theta = theta0;
+                let mut p = start;
                 for _ in 0..config.m_steps {
-                    let grad = match config.minibatch {
-                        None => m_step_objective(&self.posterior, &self.likelihood, data, None)?.grad,
+                    let o = match config.minibatch {
+                        None => m_step_objective(&self.posterior, &self.likelihood, data, None)?,
                         Some(size) => {
                             let rows = shuffled_batches(data.n(), size, rng).swap_remove(0);
                             let weights = vec![data.n() as f64 / rows.len() as f64; rows.len()];
-                            let batch = data.select(&rows);
-                            m_step_objective(&self.posterior, &self.likelihood, &batch, Some(&weights))?.grad
+                            m_step_objective(&self.posterior, &self.likelihood, &data.select(&rows), Some(&weights))?
                         }
                     };
-                    adam.step(&mut theta, &grad);
-                    self.set_theta(&theta)?;
+                    adam.step(&mut p, &packed_grad(&o, with_z));
+                    self.set_params(&p, with_z)?;
                 }
-                theta
+                p
             }
-            (Optimizer::Adam { .. }, None) => {
-                unreachable!("an Adam state exists for the Adam optimiser")
-            }
+            (Optimizer::Adam { .. }, None) => unreachable!("an Adam state exists for the Adam optimiser"),
         };
-        self.set_theta(&theta)?;
+        self.set_params(&params, with_z)?;
         if matches!(config.optimizer, Optimizer::Lbfgs { .. }) {
             // The line search may have ended on a rejected point's sites.
             self.rebuild_totals(data)?;
@@ -199,10 +208,41 @@ impl OfflineModel {
         Ok(m_step_objective(&self.posterior, &self.likelihood, data, None)?.value)
     }
 
-    fn set_theta(&mut self, theta: &DVector<f64>) -> Result<()> {
-        set_hyperparameters(&mut self.posterior.kernel, &mut self.likelihood, theta);
+    /// The optimised parameters: hyperparameters, then `Z` column by column.
+    fn params(&self, with_z: bool) -> DVector<f64> {
+        let theta = hyperparameters(&self.posterior.kernel, &self.likelihood);
+        if !with_z {
+            return theta;
+        }
+        DVector::from_iterator(
+            theta.len() + self.posterior.z.len(),
+            theta.iter().chain(self.posterior.z.iter()).copied(),
+        )
+    }
+
+    fn set_params(&mut self, p: &DVector<f64>, with_z: bool) -> Result<()> {
+        let n_theta = self.posterior.kernel.n_params() + self.likelihood.n_params();
+        set_hyperparameters(
+            &mut self.posterior.kernel,
+            &mut self.likelihood,
+            &p.rows(0, n_theta).into_owned(),
+        );
+        if with_z {
+            self.posterior.z.copy_from_slice(&p.as_slice()[n_theta..]);
+        }
         self.posterior.refresh()
     }
+}
+
+/// The objective's gradient in the layout of [`OfflineModel::params`].
+fn packed_grad(o: &Objective, with_z: bool) -> DVector<f64> {
+    if !with_z {
+        return o.grad.clone();
+    }
+    DVector::from_iterator(
+        o.grad.len() + o.grad_z.len(),
+        o.grad.iter().chain(o.grad_z.iter()).copied(),
+    )
 }
 
 /// A random partition of `0..n` into batches of `size` (the last may be smaller).
