@@ -40,7 +40,8 @@ fn elevators_offline_regression_reaches_the_paper_nlpd_on_three_folds() {
         let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0; train.d()]);
         let lik = Likelihood::Gaussian { variance: 0.1 };
         let config = OfflineConfig {
-            rounds: 8,
+            rounds: 1,
+            m_steps: 30,
             ..OfflineConfig::default()
         };
         let model = fit_offline(kernel, lik, &train, 100, &config).unwrap();

@@ -118,8 +118,21 @@ pub fn e_step(
         });
     }
     let cross = post.cross(data.x());
+    e_step_at(post, likelihood, data, &cross, sites, config)
+}
+
+/// [`e_step`] with the kernel quantities at `data` already computed (they
+/// stay valid while the kernel and `Z` do); the caller has checked `data`.
+pub fn e_step_at(
+    post: &mut DualPosterior,
+    likelihood: &Likelihood,
+    data: &Data,
+    cross: &Cross,
+    sites: &mut PointSites,
+    config: &EStepConfig,
+) -> Result<()> {
     for _ in 0..config.steps {
-        let (d1, d2) = site_step(post, likelihood, data, &cross, sites, config.rho);
+        let (d1, d2) = site_step(post, likelihood, data, cross, sites, config.rho);
         for (c, totals) in post.sites.iter_mut().enumerate() {
             totals.l.gemv(1.0, &cross.kzx, &d1.column(c), 1.0);
             if d2.column(c).iter().any(|&v| v != 0.0) {

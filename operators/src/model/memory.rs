@@ -1,0 +1,157 @@
+//! The memory of a sequential learner: a few past points, chosen by their
+//! Bayesian leverage score, whose likelihood terms are re-evaluated at every
+//! update. Each point keeps the exact vectors of its contribution to the site
+//! totals so that it can leave without a trace.
+
+use nalgebra::{DMatrix, DVector};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use super::data::Data;
+use super::estep::{PointSites, BETA_MIN};
+use super::likelihood::{Expectation, Likelihood};
+use super::linalg::{add_weighted_gram, symmetrize};
+use super::posterior::{DualPosterior, Sites};
+
+/// Which points of a batch enter the memory, and which leave it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum MemoryPolicy {
+    /// `k` points per batch by BLS, kept forever (the paper).
+    PerBatch { k: usize },
+    /// At most `capacity` points over the whole stream: BLS-weighted reservoir sampling.
+    Reservoir { capacity: usize },
+    /// `k` points per batch uniformly at random, kept forever (the paper's ablation).
+    Random { k: usize },
+    /// No memory.
+    None,
+}
+
+/// One remembered point and its contribution `(k s1, s2 k kᵀ)` per latent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryPoint {
+    pub x: Vec<f64>,
+    pub y: f64,
+    /// The kernel column `k(Z, x)` its sites were added with, projected by every move of `Z` since.
+    pub column: DVector<f64>,
+    pub s1: Vec<f64>,
+    pub s2: Vec<f64>,
+    /// Reservoir key `ln(u)/h`: larger keys stay.
+    pub key: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    pub points: Vec<MemoryPoint>,
+    /// `(l_M, Λ_M)`: the part of the posterior's totals that the memory contributes.
+    pub totals: Vec<Sites>,
+}
+
+impl Memory {
+    pub fn new(m: usize, n_latent: usize) -> Self {
+        Memory {
+            points: Vec::new(),
+            totals: vec![Sites::zeros(m); n_latent],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.points.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// The remembered points as records.
+    pub fn data(&self, d: usize) -> Data {
+        let x = DMatrix::from_fn(self.len(), d, |i, j| self.points[i].x[j]);
+        let y = DVector::from_iterator(self.len(), self.points.iter().map(|p| p.y));
+        Data::new(x, y).expect("remembered points were validated when they arrived")
+    }
+
+    /// Adds a point and its contribution.
+    pub fn insert(&mut self, point: MemoryPoint) {
+        self.account(&point, 1.0);
+        self.points.push(point);
+    }
+
+    /// Removes the point at `index` and subtracts exactly what it contributed.
+    pub fn remove(&mut self, index: usize) -> MemoryPoint {
+        let point = self.points.swap_remove(index);
+        self.account(&point, -1.0);
+        point
+    }
+
+    fn account(&mut self, point: &MemoryPoint, sign: f64) {
+        let column = DMatrix::from_column_slice(point.column.len(), 1, point.column.as_slice());
+        for (c, totals) in self.totals.iter_mut().enumerate() {
+            totals.l.axpy(sign * point.s1[c], &point.column, 1.0);
+            add_weighted_gram(&mut totals.lambda, &column, &[sign * point.s2[c]]);
+            symmetrize(&mut totals.lambda);
+        }
+    }
+
+    /// Replaces every point's sites and columns after an E-step over the
+    /// memory, and the totals with their sum.
+    pub fn reset_contributions(&mut self, columns: &DMatrix<f64>, sites: &PointSites) {
+        for (i, p) in self.points.iter_mut().enumerate() {
+            p.column = columns.column(i).into_owned();
+            p.s1 = sites.s1.row(i).iter().copied().collect();
+            p.s2 = sites.s2.row(i).iter().copied().collect();
+        }
+        self.totals = sites.totals(columns);
+    }
+
+    /// Re-expresses every contribution in new inducing inputs: `k ← Pᵀ k`.
+    pub fn project(&mut self, p: &DMatrix<f64>) {
+        for point in &mut self.points {
+            point.column = p.tr_mul(&point.column);
+        }
+        for totals in &mut self.totals {
+            project_sites(totals, p);
+        }
+    }
+}
+
+/// `l ← Pᵀ l`, `Λ ← Pᵀ Λ P` (paper Eq. 27).
+pub fn project_sites(sites: &mut Sites, p: &DMatrix<f64>) {
+    sites.l = p.tr_mul(&sites.l);
+    sites.lambda = p.tr_mul(&(&sites.lambda * p));
+    symmetrize(&mut sites.lambda);
+}
+
+/// The Bayesian leverage score of every record, `h_i = Σ_c β̂_ic v_ic` at the
+/// current posterior (paper Eq. 31): how much the record moves the posterior.
+/// For a Gaussian likelihood it is the ridge leverage score `v_i / σ²`.
+pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, data: &Data) -> Vec<f64> {
+    let f = post.predict_f(data.x());
+    let n_latent = post.n_latent();
+    let (mut mean, mut var) = (vec![0.0; n_latent], vec![0.0; n_latent]);
+    let mut e = Expectation::default();
+    (0..data.n())
+        .map(|i| {
+            for c in 0..n_latent {
+                mean[c] = f.mean[(i, c)];
+                var[c] = f.var[(i, c)];
+            }
+            likelihood.expectation(&mean, &var, data.y()[i], &mut e);
+            (0..n_latent).map(|c| (-2.0 * e.d_var[c]).max(BETA_MIN) * var[c]).sum()
+        })
+        .collect()
+}
+
+/// Efraimidis–Spirakis key `ln(u)/w` of a point with weight `w`: the `k`
+/// largest keys are a weighted sample without replacement.
+pub fn reservoir_key(weight: f64, rng: &mut impl Rng) -> f64 {
+    let u: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    u.ln() / weight.max(f64::MIN_POSITIVE)
+}
+
+/// Indices of the `k` largest keys, largest first (ties by index).
+pub fn top_k(keys: &[f64], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| keys[b].total_cmp(&keys[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    order
+}
