@@ -316,8 +316,18 @@ impl SequentialLearner {
 }
 
 /// `P = K(Z_old, Z_old)⁻¹ K(Z_old, Z_new)`: re-expresses sites over `Z_old` over `Z_new`.
+/// An inducing input kept in place is the same inducing variable, jitter
+/// included, so that a kept point projects onto itself exactly.
 pub fn projection(post: &DualPosterior, z_new: &DMatrix<f64>) -> DMatrix<f64> {
-    post.factors().chol_k.solve(&post.kernel.matrix(&post.z, z_new))
+    let mut cross = post.kernel.matrix(&post.z, z_new);
+    for i in 0..post.m() {
+        for j in 0..z_new.nrows() {
+            if post.z.row(i) == z_new.row(j) {
+                cross[(i, j)] += post.jitter;
+            }
+        }
+    }
+    post.factors().chol_k.solve(&cross)
 }
 
 fn concat(a: &Data, b: &Data) -> Data {
