@@ -4,4 +4,5 @@
 //! standardised, ordered, batched arrays an evaluation protocol feeds a learner.
 
 pub mod demo;
+pub mod eval;
 pub mod protocol;

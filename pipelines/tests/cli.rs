@@ -1,0 +1,194 @@
+//! The built `dualgp` binary: the demo runs, `eval` follows its report
+//! contract, and bad invocations fail with one line saying what to change.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use dualgp_connectors::shared_dir;
+
+fn dualgp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dualgp"))
+        .args(args)
+        .output()
+        .expect("the dualgp binary runs")
+}
+
+fn data(name: &str) -> String {
+    let dir = shared_dir().expect("cannot find shared/ beside the repository (set DUALGP_SHARED)");
+    dir.join("data").join(format!("{name}.parquet")).display().to_string()
+}
+
+fn report_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("dualgp-cli-{}-{name}.json", std::process::id()))
+}
+
+/// Fails with exit code ≠ 0 and a single stderr line containing `needle`.
+fn assert_fails_with(args: &[&str], needle: &str) {
+    let out = dualgp(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "{args:?}: expected one line, got:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} does not mention {needle:?}"
+    );
+}
+
+#[test]
+fn demo_fits_the_generated_field_to_its_noise_level() {
+    let out = dualgp(&["demo", "--n", "800", "--inducing", "30"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rmse: f64 = stdout
+        .split("test RMSE ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no RMSE in {stdout}"));
+    assert!(rmse < 0.13, "demo RMSE {rmse} against noise sd 0.1");
+}
+
+#[test]
+fn eval_writes_the_report_contract_for_banana() {
+    let report = report_path("banana");
+    let out = dualgp(&[
+        "eval",
+        "--data",
+        &data("banana_train"),
+        "--test",
+        &data("banana_test"),
+        "--likelihood",
+        "bernoulli",
+        "--batches",
+        "4",
+        "--inducing",
+        "20",
+        "--m-steps",
+        "5",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(json["method"], "dual-memory");
+    assert_eq!(json["likelihood"], "bernoulli");
+    let batches = json["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 4);
+    assert_eq!(batches[3]["n_seen"], 400);
+    for b in batches {
+        for key in ["batch", "n_seen", "seconds", "test_nlpd", "test_accuracy"] {
+            assert!(b.get(key).is_some(), "batch entry without {key}: {b}");
+        }
+        assert!(b.get("test_rmse").is_none());
+    }
+    let accuracy = json["final"]["test_accuracy"].as_f64().unwrap();
+    assert!(accuracy > 0.75, "banana accuracy {accuracy}");
+    assert!(json["final"]["seconds_total"].as_f64().unwrap() > 0.0);
+    std::fs::remove_file(report).ok();
+}
+
+#[test]
+fn eval_refuses_bad_invocations_in_one_line() {
+    let report = report_path("bad");
+    let r = report.to_str().unwrap();
+    let banana = data("banana_train");
+    assert_fails_with(
+        &[
+            "eval",
+            "--data",
+            "/nonexistent/x.parquet",
+            "--fold",
+            "0",
+            "--likelihood",
+            "gaussian",
+            "--report",
+            r,
+        ],
+        "/nonexistent/x.parquet",
+    );
+    assert_fails_with(
+        &[
+            "eval",
+            "--data",
+            &data("elevators"),
+            "--fold",
+            "0",
+            "--likelihood",
+            "bernoulli",
+            "--report",
+            r,
+        ],
+        "does not fit these labels",
+    );
+    assert_fails_with(
+        &[
+            "eval",
+            "--data",
+            &banana,
+            "--fold",
+            "0",
+            "--likelihood",
+            "bernoulli",
+            "--inducing",
+            "0",
+            "--report",
+            r,
+        ],
+        "--inducing 0",
+    );
+    assert_fails_with(
+        &[
+            "eval",
+            "--data",
+            &banana,
+            "--fold",
+            "0",
+            "--likelihood",
+            "bernoulli",
+            "--batches",
+            "100000",
+            "--report",
+            r,
+        ],
+        "--batches 100000",
+    );
+    assert_fails_with(
+        &["eval", "--data", &banana, "--likelihood", "bernoulli", "--report", r],
+        "--fold K or --test",
+    );
+    assert_fails_with(
+        &[
+            "eval",
+            "--data",
+            &banana,
+            "--fold",
+            "0",
+            "--likelihood",
+            "gamma",
+            "--report",
+            r,
+        ],
+        "--likelihood",
+    );
+    assert_fails_with(
+        &[
+            "eval",
+            "--data",
+            &banana,
+            "--fold",
+            "0",
+            "--likelihood",
+            "bernoulli",
+            "--order",
+            "sorted:x9",
+            "--report",
+            r,
+        ],
+        "x9",
+    );
+    assert!(!report.exists(), "a failed run wrote a report");
+}
