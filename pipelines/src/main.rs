@@ -26,7 +26,7 @@ enum Command {
         seed: u64,
     },
     /// Evaluate a learner on a data set batch by batch (docs/EVALUATION.md) and write a JSON report.
-    Eval(eval::EvalArgs),
+    Eval(Box<eval::EvalArgs>),
 }
 
 fn main() {
