@@ -1,14 +1,14 @@
 //! Offline (t-SVGP) training on real data against the figures the project
 //! promises: banana (classification) and elevators (regression, paper-uci).
 
-use dualgp::connectors::{shared_dir, ColumnSpec, Table};
+use dualgp::connectors::{shared_data, ColumnSpec, Table};
 use dualgp::model::{evaluate, fit_offline, Data, Family, Kernel, Likelihood, Link, OfflineConfig};
 use dualgp::pipelines::protocol::{fold_split, prepare, Order, Prepared, Split};
 use nalgebra::DVector;
 
 fn table(name: &str) -> Table {
-    let dir = shared_dir().expect("cannot find shared/ beside the repository (set DUALGP_SHARED)");
-    Table::read(dir.join("data").join(format!("{name}.parquet")), &ColumnSpec::default()).unwrap()
+    let path = shared_data(&format!("{name}.parquet")).unwrap_or_else(|e| panic!("{e}"));
+    Table::read(path, &ColumnSpec::default()).unwrap()
 }
 
 fn train_test(p: &Prepared) -> (Data, Data) {

@@ -5,4 +5,4 @@
 
 pub mod table;
 
-pub use table::{shared_dir, Column, ColumnSpec, Features, Table, TableError};
+pub use table::{shared_data, shared_dir, Column, ColumnSpec, Features, Table, TableError};

@@ -467,6 +467,21 @@ fn check_type(path: &Path, schema: &Schema, name: &str, role: Role) -> Result<()
 
 /// The project's `shared/` folder (data sets in `shared/data`), if it can be found.
 ///
+/// The path of `file` in `shared/data`, or a message saying how to make it found.
+pub fn shared_data(file: &str) -> Result<PathBuf, String> {
+    let shared = shared_dir().ok_or(
+        "cannot find shared/ (the data sets): set DUALGP_SHARED=/path/to/shared or put shared/ beside the repository",
+    )?;
+    let path = shared.join("data").join(file);
+    if !path.is_file() {
+        return Err(format!(
+            "data file {} is missing; is DUALGP_SHARED right?",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
 /// `$DUALGP_SHARED` if set; otherwise the first existing of `../shared` and
 /// `../../shared` beside this crate's source, then `../shared` from the
 /// current directory.

@@ -7,22 +7,12 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use dualgp_connectors::{shared_dir, Column, ColumnSpec, Table, TableError};
+use dualgp_connectors::{shared_data, shared_dir, Column, ColumnSpec, Table, TableError};
 use parquet::arrow::ArrowWriter;
 
 /// A data file in `shared/data`; fails the test (never skips it) when `shared/` is missing.
 fn data(name: &str) -> PathBuf {
-    let shared = shared_dir().expect(
-        "cannot find shared/ (the data sets): set DUALGP_SHARED=/path/to/shared \
-         or put shared/ beside the repository",
-    );
-    let path = shared.join("data").join(name);
-    assert!(
-        path.is_file(),
-        "data file {} is missing; is DUALGP_SHARED right?",
-        path.display()
-    );
-    path
+    shared_data(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {

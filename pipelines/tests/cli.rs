@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use dualgp_connectors::shared_dir;
+use dualgp_connectors::shared_data;
 
 fn dualgp(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dualgp"))
@@ -14,8 +14,8 @@ fn dualgp(args: &[&str]) -> Output {
 }
 
 fn data(name: &str) -> String {
-    let dir = shared_dir().expect("cannot find shared/ beside the repository (set DUALGP_SHARED)");
-    dir.join("data").join(format!("{name}.parquet")).display().to_string()
+    let path = shared_data(&format!("{name}.parquet")).unwrap_or_else(|e| panic!("{e}"));
+    path.display().to_string()
 }
 
 fn report_path(name: &str) -> PathBuf {

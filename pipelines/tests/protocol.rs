@@ -3,23 +3,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use dualgp_connectors::{shared_dir, ColumnSpec, Table};
+use dualgp_connectors::{shared_data, ColumnSpec, Table};
 use dualgp_pipelines::protocol::{batches, fold_split, order_rows, prepare, Order, ProtocolError, Split, Standardizer};
 use nalgebra::{DMatrix, DVector};
 
 /// A data file in `shared/data`; fails the test (never skips it) when `shared/` is missing.
 fn data(name: &str) -> PathBuf {
-    let shared = shared_dir().expect(
-        "cannot find shared/ (the data sets): set DUALGP_SHARED=/path/to/shared \
-         or put shared/ beside the repository",
-    );
-    let path = shared.join("data").join(name);
-    assert!(
-        path.is_file(),
-        "data file {} is missing; is DUALGP_SHARED right?",
-        path.display()
-    );
-    path
+    shared_data(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn read(name: &str) -> Table {
