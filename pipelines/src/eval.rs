@@ -97,6 +97,9 @@ pub struct EvalArgs {
     pub m_steps: Option<usize>,
     #[arg(long)]
     pub m_lr: Option<f64>,
+    /// M-step rounds per batch, the batch and memory re-learned between them.
+    #[arg(long)]
+    pub m_rounds: Option<usize>,
     /// Dataflow workers; the model-only learner gives the same numbers for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
@@ -134,6 +137,8 @@ impl EvalArgs {
                     inducing_policy: InducingPolicy::Fixed,
                     e_step: EStepConfig { steps: 4, rho: 0.8 },
                     m_steps: 20,
+                    m_rounds: 1,
+                    reexpress_old_data: false,
                     m_lr: 0.01,
                     memory: MemoryPolicy::PerBatch { k: 10 },
                     seed: self.seed,
@@ -150,7 +155,9 @@ impl EvalArgs {
                     inducing: 100,
                     inducing_policy: InducingPolicy::Pivoted,
                     e_step: EStepConfig { steps: 4, rho: 0.8 },
-                    m_steps: 100,
+                    m_steps: 20,
+                    m_rounds: 5,
+                    reexpress_old_data: true,
                     m_lr: 0.05,
                     memory: MemoryPolicy::PerBatch { k: 10 },
                     seed: self.seed,
@@ -193,6 +200,9 @@ impl EvalArgs {
         }
         if let Some(lr) = self.m_lr {
             q.m_lr = lr;
+        }
+        if let Some(r) = self.m_rounds {
+            q.m_rounds = r;
         }
         let k = self.memory_per_batch.unwrap_or(match q.memory {
             MemoryPolicy::PerBatch { k } | MemoryPolicy::Random { k } => k,

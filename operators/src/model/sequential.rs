@@ -36,8 +36,17 @@ pub struct SequentialConfig {
     pub inducing: usize,
     pub inducing_policy: InducingPolicy,
     pub e_step: EStepConfig,
-    /// Adam steps on the hyperparameters per batch (0: hyperparameters fixed).
+    /// Adam steps on the hyperparameters per round (0: hyperparameters fixed).
     pub m_steps: usize,
+    /// M-step rounds per batch; between rounds the batch and the memory are
+    /// re-learned under the new hyperparameters.
+    #[serde(default = "one")]
+    pub m_rounds: usize,
+    /// After each M-step round, keep what past data said about `u = f(Z)`
+    /// rather than its sites (see `reexpress_old_data`), then re-learn the batch
+    /// and memory. Off: the totals stay as the M-step left them (the paper).
+    #[serde(default)]
+    pub reexpress_old_data: bool,
     pub m_lr: f64,
     pub memory: MemoryPolicy,
     pub seed: u64,
@@ -50,6 +59,8 @@ impl Default for SequentialConfig {
             inducing_policy: InducingPolicy::Pivoted,
             e_step: EStepConfig::default(),
             m_steps: 20,
+            m_rounds: 1,
+            reexpress_old_data: false,
             m_lr: 0.01,
             memory: MemoryPolicy::PerBatch { k: 10 },
             seed: 0,
@@ -72,6 +83,10 @@ impl SequentialConfig {
         }
         self.e_step.validate()
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What one update did.
@@ -175,9 +190,27 @@ impl SequentialLearner {
         let moved_inducing = self.config.inducing_policy == InducingPolicy::Pivoted
             && self.n_seen > 0
             && self.move_inducing(batch.x())?;
-        let (points, cross_kzx, sites) = self.learn_with_memory(batch)?;
-        self.m_step(&points, batch.n())?;
-        self.remember(batch, &cross_kzx, &sites, &mut rng)?;
+        let (points, mut kzx, mut sites) = self.learn_with_memory(batch)?;
+        let rounds = if self.config.m_steps > 0 {
+            self.config.m_rounds.max(1)
+        } else {
+            0
+        };
+        for round in 0..rounds {
+            let before = self
+                .config
+                .reexpress_old_data
+                .then(|| self.require().cloned())
+                .transpose()?;
+            self.m_step(&points, batch.n())?;
+            if let Some(before) = &before {
+                self.reexpress_old_data(before, &kzx, &sites)?;
+            }
+            if before.is_some() || round + 1 < rounds {
+                self.relearn(&points, batch.n(), &mut kzx, &mut sites)?;
+            }
+        }
+        self.remember(batch, &kzx, &sites, &mut rng)?;
 
         self.n_seen += batch.n() as u64;
         self.batches += 1;
@@ -230,10 +263,56 @@ impl SequentialLearner {
         let cross = post.cross(points.x());
         let mut sites = PointSites::zeros(points.n(), post.n_latent());
         e_step_at(post, &self.likelihood, &points, &cross, &mut sites, &self.config.e_step)?;
-        let in_memory: Vec<usize> = (batch.n()..points.n()).collect();
-        self.memory
-            .reset_contributions(&cross.kzx.select_columns(&in_memory), &sites.select(&in_memory));
+        self.memory_from(&cross.kzx, &sites, batch.n());
         Ok((points, cross.kzx, sites))
+    }
+
+    /// After `θ` moved: data no longer at hand keeps what it said about the
+    /// inducing values `u = f(Z)` (its likelihood in u-space, natural
+    /// parameters `K⁻¹l`, `K⁻¹ΛK⁻¹`) rather than its sites, i.e. its part of
+    /// the totals is projected with `P = K_before⁻¹ K_now`.
+    fn reexpress_old_data(&mut self, before: &DualPosterior, kzx: &DMatrix<f64>, sites: &PointSites) -> Result<()> {
+        let post = self.posterior.as_mut().expect("initialised");
+        let p = before.factors().chol_k.solve(&post.k_zz());
+        for (totals, here) in post.sites.iter_mut().zip(sites.totals(kzx)) {
+            let mut old = super::posterior::Sites {
+                l: &totals.l - &here.l,
+                lambda: &totals.lambda - &here.lambda,
+            };
+            project_sites(&mut old, &p);
+            totals.l = old.l + here.l;
+            totals.lambda = old.lambda + here.lambda;
+        }
+        post.refresh()
+    }
+
+    /// The memory's contributions are the points after the batch's `n_batch`.
+    fn memory_from(&mut self, kzx: &DMatrix<f64>, sites: &PointSites, n_batch: usize) {
+        let in_memory: Vec<usize> = (n_batch..sites.n()).collect();
+        self.memory
+            .reset_contributions(&kzx.select_columns(&in_memory), &sites.select(&in_memory));
+    }
+
+    /// Between M-step rounds: re-expresses the batch's and the memory's sites
+    /// with kernel columns under the new `θ`, then runs the E-step over them
+    /// again (warm-started). Only older data keeps its earlier columns.
+    fn relearn(&mut self, points: &Data, n_batch: usize, kzx: &mut DMatrix<f64>, sites: &mut PointSites) -> Result<()> {
+        let post = self.posterior.as_mut().expect("initialised");
+        let cross = post.cross(points.x());
+        for ((totals, old), new) in post
+            .sites
+            .iter_mut()
+            .zip(sites.totals(kzx))
+            .zip(sites.totals(&cross.kzx))
+        {
+            totals.l += &new.l - &old.l;
+            totals.lambda += &new.lambda - &old.lambda;
+        }
+        post.refresh()?;
+        e_step_at(post, &self.likelihood, points, &cross, sites, &self.config.e_step)?;
+        *kzx = cross.kzx;
+        self.memory_from(kzx, sites, n_batch);
+        Ok(())
     }
 
     /// Step 4: Adam on `F(θ)` with the totals fixed; the memory's terms are
