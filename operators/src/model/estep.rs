@@ -158,14 +158,9 @@ fn site_step(
     let marginals = post.marginals(cross);
     let mut d1 = DMatrix::zeros(data.n(), n_latent);
     let mut d2 = DMatrix::zeros(data.n(), n_latent);
-    let (mut mean, mut var) = (vec![0.0; n_latent], vec![0.0; n_latent]);
     let mut e = Expectation::default();
-    for i in 0..data.n() {
-        for c in 0..n_latent {
-            mean[c] = marginals.mean[(i, c)];
-            var[c] = marginals.var[(i, c)];
-        }
-        likelihood.expectation(&mean, &var, data.y()[i], &mut e);
+    marginals.for_each_point(|i, mean, var| {
+        likelihood.expectation(mean, var, data.y()[i], &mut e);
         for c in 0..n_latent {
             let beta = (-2.0 * e.d_var[c]).max(BETA_MIN);
             let lambda1 = e.d_mean[c] + beta * mean[c];
@@ -176,6 +171,6 @@ fn site_step(
             sites.s1[(i, c)] = s1;
             sites.s2[(i, c)] = s2;
         }
-    }
+    });
     (d1, d2)
 }

@@ -47,12 +47,6 @@ pub fn solve_lower_in_place(chol: &Cholesky<f64, Dyn>, b: &mut DMatrix<f64>) {
     debug_assert!(solved, "a Cholesky factor has a non-zero diagonal");
 }
 
-/// `Lᵀ⁻¹ B` for a lower-triangular Cholesky factor `L`, in place.
-pub fn solve_upper_t_in_place(chol: &Cholesky<f64, Dyn>, b: &mut DMatrix<f64>) {
-    let solved = chol.l_dirty().tr_solve_lower_triangular_mut(b);
-    debug_assert!(solved, "a Cholesky factor has a non-zero diagonal");
-}
-
 /// `Σ_j a_ij²` for every column `j`.
 pub fn column_sq_norms(a: &DMatrix<f64>) -> DVector<f64> {
     DVector::from_iterator(a.ncols(), a.column_iter().map(|c| c.norm_squared()))
@@ -75,11 +69,6 @@ pub fn add_weighted_gram(acc: &mut DMatrix<f64>, a: &DMatrix<f64>, w: &[f64]) {
 /// `log |A|` from a Cholesky factor of `A`.
 pub fn log_det(chol: &Cholesky<f64, Dyn>) -> f64 {
     2.0 * chol.l_dirty().diagonal().iter().map(|d| d.ln()).sum::<f64>()
-}
-
-/// `A⁻¹` from a Cholesky factor (for gradient terms that need the whole matrix).
-pub fn inverse(chol: &Cholesky<f64, Dyn>) -> DMatrix<f64> {
-    chol.inverse()
 }
 
 /// Makes a matrix exactly symmetric (rounding in products breaks it slightly).

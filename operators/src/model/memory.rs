@@ -126,19 +126,19 @@ pub fn project_sites(sites: &mut Sites, p: &DMatrix<f64>) {
 /// For a Gaussian likelihood it is the ridge leverage score `v_i / σ²`.
 pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, data: &Data) -> Vec<f64> {
     let f = post.predict_f(data.x());
-    let n_latent = post.n_latent();
-    let (mut mean, mut var) = (vec![0.0; n_latent], vec![0.0; n_latent]);
     let mut e = Expectation::default();
-    (0..data.n())
-        .map(|i| {
-            for c in 0..n_latent {
-                mean[c] = f.mean[(i, c)];
-                var[c] = f.var[(i, c)];
-            }
-            likelihood.expectation(&mean, &var, data.y()[i], &mut e);
-            (0..n_latent).map(|c| (-2.0 * e.d_var[c]).max(BETA_MIN) * var[c]).sum()
-        })
-        .collect()
+    let mut scores = Vec::with_capacity(data.n());
+    f.for_each_point(|i, mean, var| {
+        likelihood.expectation(mean, var, data.y()[i], &mut e);
+        scores.push(
+            e.d_var
+                .iter()
+                .zip(var)
+                .map(|(dv, v)| (-2.0 * dv).max(BETA_MIN) * v)
+                .sum(),
+        );
+    });
+    scores
 }
 
 /// Efraimidis–Spirakis key `ln(u)/w` of a point with weight `w`: the `k`

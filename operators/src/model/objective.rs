@@ -12,7 +12,6 @@ use super::data::Data;
 use super::error::{ModelError, Result};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood};
-use super::linalg::inverse;
 use super::posterior::DualPosterior;
 
 /// `F(θ)` and `∂F/∂ log θ`.
@@ -67,14 +66,9 @@ pub fn m_step_objective(
     let mut d_mean = DMatrix::zeros(n, n_latent);
     let mut d_var = DMatrix::zeros(n, n_latent);
     let mut lik_grad = DVector::zeros(likelihood.n_params());
-    let (mut mean, mut var) = (vec![0.0; n_latent], vec![0.0; n_latent]);
     let mut e = Expectation::default();
-    for i in 0..n {
-        for c in 0..n_latent {
-            mean[c] = marginals.mean[(i, c)];
-            var[c] = marginals.var[(i, c)];
-        }
-        likelihood.expectation(&mean, &var, data.y()[i], &mut e);
+    marginals.for_each_point(|i, mean, var| {
+        likelihood.expectation(mean, var, data.y()[i], &mut e);
         let ci = weight(i);
         value += ci * e.value;
         for c in 0..n_latent {
@@ -84,18 +78,18 @@ pub fn m_step_objective(
         for (g, dp) in lik_grad.iter_mut().zip(&e.d_params) {
             *g += ci * dp;
         }
-    }
+    });
     value -= post.kl();
 
     // Chain rule into K = K(Z,Z) + εI, K(Z,X) and k(x_i, x_i).
     let k = post.k_zz();
-    let k_inv = inverse(&factors.chol_k);
+    let k_inv = factors.chol_k.inverse();
     let mut g_k = DMatrix::zeros(m, m);
     let mut g_kzx = DMatrix::zeros(m, n);
     let mut g_diag = DVector::zeros(n);
     for c in 0..n_latent {
         let w = &factors.w[c];
-        let r_inv = inverse(&factors.chol_r[c]);
+        let r_inv = factors.chol_r[c].inverse();
         let a = d_mean.column(c);
         let b = d_var.column(c);
         g_diag += b;

@@ -45,6 +45,22 @@ pub struct Marginals {
     pub var: DMatrix<f64>,
 }
 
+impl Marginals {
+    /// Calls `visit(i, mean_i, var_i)` with point `i`'s marginals over the
+    /// latents, reusing two buffers (this runs per record on hot paths).
+    pub fn for_each_point(&self, mut visit: impl FnMut(usize, &[f64], &[f64])) {
+        let n_latent = self.mean.ncols();
+        let (mut mean, mut var) = (vec![0.0; n_latent], vec![0.0; n_latent]);
+        for i in 0..self.mean.nrows() {
+            for c in 0..n_latent {
+                mean[c] = self.mean[(i, c)];
+                var[c] = self.var[(i, c)];
+            }
+            visit(i, &mean, &var);
+        }
+    }
+}
+
 /// Kernel quantities at a set of inputs that stay valid while `θ` and `Z` do.
 #[derive(Debug, Clone)]
 pub struct Cross {

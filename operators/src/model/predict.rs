@@ -9,14 +9,10 @@ use super::posterior::DualPosterior;
 
 /// The predictive distribution of `y` at every row of `x`.
 pub fn predict(post: &DualPosterior, likelihood: &Likelihood, x: &DMatrix<f64>) -> Vec<Predictive> {
-    let f = post.predict_f(x);
-    (0..x.nrows())
-        .map(|i| {
-            let (mean, var): (Vec<f64>, Vec<f64>) =
-                f.mean.row(i).iter().copied().zip(f.var.row(i).iter().copied()).unzip();
-            likelihood.predict(&mean, &var)
-        })
-        .collect()
+    let mut out = Vec::with_capacity(x.nrows());
+    post.predict_f(x)
+        .for_each_point(|_, mean, var| out.push(likelihood.predict(mean, var)));
+    out
 }
 
 /// Mean negative log predictive density, RMSE of the predictive mean (for
@@ -30,15 +26,12 @@ pub struct Metrics {
 
 pub fn evaluate(post: &DualPosterior, likelihood: &Likelihood, data: &Data) -> Result<Metrics> {
     data.check(post.d(), likelihood)?;
-    let f = post.predict_f(data.x());
     let n = data.n() as f64;
-    let (mut nlpd, mut sq, mut hits) = (0.0, 0.0, 0usize);
-    let mut classes = false;
-    for i in 0..data.n() {
-        let (mean, var): (Vec<f64>, Vec<f64>) = f.mean.row(i).iter().copied().zip(f.var.row(i).iter().copied()).unzip();
+    let (mut nlpd, mut sq, mut hits, mut classes) = (0.0, 0.0, 0usize, false);
+    post.predict_f(data.x()).for_each_point(|i, mean, var| {
         let y = data.y()[i];
-        nlpd -= likelihood.log_predictive(&mean, &var, y);
-        match likelihood.predict(&mean, &var) {
+        nlpd -= likelihood.log_predictive(mean, var, y);
+        match likelihood.predict(mean, var) {
             Predictive::Moments { mean, .. } => sq += (mean - y).powi(2),
             Predictive::Classes(p) => {
                 classes = true;
@@ -50,7 +43,7 @@ pub fn evaluate(post: &DualPosterior, likelihood: &Likelihood, data: &Data) -> R
                 hits += usize::from(best as f64 == y);
             }
         }
-    }
+    });
     Ok(Metrics {
         nlpd: nlpd / n,
         rmse: (!classes).then(|| (sq / n).sqrt()),
