@@ -28,5 +28,5 @@ pub use likelihood::{Likelihood, Link, Predictive};
 pub use memory::{bayesian_leverage_scores, MemoryPolicy};
 pub use posterior::DualPosterior;
 pub use predict::{evaluate, predict, Metrics};
-pub use sequential::{InducingPolicy, SequentialConfig, SequentialLearner, UpdateReport};
+pub use sequential::{InducingPolicy, SequentialConfig, SequentialLearner, StepSeconds, UpdateReport};
 pub use trainer::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel, Optimizer};

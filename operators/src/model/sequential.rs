@@ -4,6 +4,8 @@
 //! memory, takes M-steps on the hyperparameters and picks new memory points by
 //! their Bayesian leverage score.
 
+use std::time::Instant;
+
 use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -97,6 +99,19 @@ pub struct UpdateReport {
     pub memory: usize,
     /// Whether the inducing inputs moved.
     pub moved_inducing: bool,
+    pub seconds: StepSeconds,
+}
+
+/// Wall-clock time of each step of one update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepSeconds {
+    /// Pivoted Cholesky and projection.
+    pub inducing: f64,
+    /// E-steps over batch and memory, including re-learning between M-step rounds.
+    pub e_step: f64,
+    pub m_step: f64,
+    /// BLS and memory bookkeeping.
+    pub memory: f64,
 }
 
 /// A model that learns from batches in turn; serialisable as a checkpoint.
@@ -187,10 +202,18 @@ impl SequentialLearner {
         batch.check(d, &self.likelihood)?;
         let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ self.batches.wrapping_mul(0x9E37_79B9_7F4A_7C15));
 
+        let mut seconds = StepSeconds::default();
+        let mut clock = Instant::now();
+        let mut lap = |slot: &mut f64| {
+            *slot += clock.elapsed().as_secs_f64();
+            clock = Instant::now();
+        };
         let moved_inducing = self.config.inducing_policy == InducingPolicy::Pivoted
             && self.n_seen > 0
             && self.move_inducing(batch.x())?;
+        lap(&mut seconds.inducing);
         let (points, mut kzx, mut sites) = self.learn_with_memory(batch)?;
+        lap(&mut seconds.e_step);
         let rounds = if self.config.m_steps > 0 {
             self.config.m_rounds.max(1)
         } else {
@@ -206,11 +229,14 @@ impl SequentialLearner {
             if let Some(before) = &before {
                 self.reexpress_old_data(before, &kzx, &sites)?;
             }
+            lap(&mut seconds.m_step);
             if before.is_some() || round + 1 < rounds {
                 self.relearn(&points, batch.n(), &mut kzx, &mut sites)?;
             }
+            lap(&mut seconds.e_step);
         }
         self.remember(batch, &kzx, &sites, &mut rng)?;
+        lap(&mut seconds.memory);
 
         self.n_seen += batch.n() as u64;
         self.batches += 1;
@@ -219,6 +245,7 @@ impl SequentialLearner {
             n_seen: self.n_seen,
             memory: self.memory.len(),
             moved_inducing,
+            seconds,
         })
     }
 
