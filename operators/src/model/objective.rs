@@ -12,6 +12,7 @@ use super::data::Data;
 use super::error::{ModelError, Result};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood};
+use super::linalg::transposed;
 use super::posterior::DualPosterior;
 
 /// `F(θ)` and `∂F/∂ log θ`.
@@ -106,7 +107,7 @@ pub fn m_step_objective(
             col *= bj;
         }
         g_kzx.gemm(2.0, &(&r_inv - &k_inv), &kzx_b, 1.0);
-        let gram_b = &kzx_b * cross.kzx.transpose();
+        let gram_b = &kzx_b * transposed(&cross.kzx);
         g_k += &k_inv * &gram_b * &k_inv - &r_inv * &gram_b * &r_inv;
 
         // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
