@@ -94,101 +94,21 @@ fn eval_writes_the_report_contract_for_banana() {
 #[test]
 fn eval_refuses_bad_invocations_in_one_line() {
     let report = report_path("bad");
-    let r = report.to_str().unwrap();
-    let banana = data("banana_train");
-    assert_fails_with(
-        &[
-            "eval",
-            "--data",
-            "/nonexistent/x.parquet",
-            "--fold",
-            "0",
-            "--likelihood",
-            "gaussian",
-            "--report",
-            r,
-        ],
-        "/nonexistent/x.parquet",
-    );
-    assert_fails_with(
-        &[
-            "eval",
-            "--data",
-            &data("elevators"),
-            "--fold",
-            "0",
-            "--likelihood",
-            "bernoulli",
-            "--report",
-            r,
-        ],
-        "does not fit these labels",
-    );
-    assert_fails_with(
-        &[
-            "eval",
-            "--data",
-            &banana,
-            "--fold",
-            "0",
-            "--likelihood",
-            "bernoulli",
-            "--inducing",
-            "0",
-            "--report",
-            r,
-        ],
-        "--inducing 0",
-    );
-    assert_fails_with(
-        &[
-            "eval",
-            "--data",
-            &banana,
-            "--fold",
-            "0",
-            "--likelihood",
-            "bernoulli",
-            "--batches",
-            "100000",
-            "--report",
-            r,
-        ],
-        "--batches 100000",
-    );
-    assert_fails_with(
-        &["eval", "--data", &banana, "--likelihood", "bernoulli", "--report", r],
-        "--fold K or --test",
-    );
-    assert_fails_with(
-        &[
-            "eval",
-            "--data",
-            &banana,
-            "--fold",
-            "0",
-            "--likelihood",
-            "gamma",
-            "--report",
-            r,
-        ],
-        "--likelihood",
-    );
-    assert_fails_with(
-        &[
-            "eval",
-            "--data",
-            &banana,
-            "--fold",
-            "0",
-            "--likelihood",
-            "bernoulli",
-            "--order",
-            "sorted:x9",
-            "--report",
-            r,
-        ],
-        "x9",
-    );
+    let (banana, elevators) = (data("banana_train"), data("elevators"));
+    // eval on `file` with `likelihood` and `extra` flags after a valid base invocation.
+    let refuses_as = |likelihood: &str, file: &str, extra: &[&str], needle: &str| {
+        let r = report.to_str().unwrap();
+        let mut args = vec!["eval", "--data", file, "--likelihood", likelihood, "--report", r];
+        args.extend_from_slice(extra);
+        assert_fails_with(&args, needle);
+    };
+    let refuses = |file: &str, extra: &[&str], needle: &str| refuses_as("bernoulli", file, extra, needle);
+    refuses("/nonexistent/x.parquet", &["--fold", "0"], "/nonexistent/x.parquet");
+    refuses(&elevators, &["--fold", "0"], "does not fit these labels");
+    refuses(&banana, &["--fold", "0", "--inducing", "0"], "--inducing 0");
+    refuses(&banana, &["--fold", "0", "--batches", "100000"], "--batches 100000");
+    refuses(&banana, &[], "--fold K or --test");
+    refuses_as("gamma", &banana, &["--fold", "0"], "--likelihood");
+    refuses(&banana, &["--fold", "0", "--order", "sorted:x9"], "x9");
     assert!(!report.exists(), "a failed run wrote a report");
 }

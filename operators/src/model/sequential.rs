@@ -192,14 +192,13 @@ impl SequentialLearner {
         if batch.n() == 0 {
             return Err(ModelError::Config("an update needs at least one record".into()));
         }
-        batch.check(batch.d(), &self.likelihood)?;
+        let d = self.posterior.as_ref().map_or(batch.d(), DualPosterior::d);
+        batch.check(d, &self.likelihood)?;
         if self.posterior.is_none() {
-            self.kernel.validate(batch.d())?;
+            self.kernel.validate(d)?;
             let z = select_inducing(&self.kernel, batch.x(), self.config.inducing);
             self.init(z)?;
         }
-        let d = self.require()?.d();
-        batch.check(d, &self.likelihood)?;
         let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ self.batches.wrapping_mul(0x9E37_79B9_7F4A_7C15));
 
         let mut seconds = StepSeconds::default();
