@@ -1,6 +1,8 @@
 //! The dual sparse Gaussian process of Chang et al. (ICML 2023) and the
 //! timely-dataflow operators that learn it from streams.
 //!
-//! [`model`] holds the mathematics with no dataflow types.
+//! [`model`] holds the mathematics with no dataflow types; [`dataflow`] the
+//! operators built on it.
 
+pub mod dataflow;
 pub mod model;

@@ -63,7 +63,8 @@ pub struct Expectation {
 }
 
 /// The predictive distribution of `y` at one point.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Predictive {
     /// Mean and variance of `y` (Gaussian: including the noise; Poisson: of the count).
     Moments { mean: f64, var: f64 },

@@ -1,0 +1,5 @@
+//! Timely-dataflow operators built on [`crate::model`].
+
+pub mod record;
+
+pub use record::{Prediction, Record};

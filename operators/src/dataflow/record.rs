@@ -1,0 +1,24 @@
+//! What flows through the operator: records in, predictions out.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Predictive;
+
+/// One observation of a stream. Class labels are stored as `0.0, 1.0, …`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The caller's key; predictions carry it back.
+    pub id: i64,
+    pub features: Vec<f64>,
+    /// `None`: score only, nothing to learn from.
+    pub label: Option<f64>,
+}
+
+/// The predictive distribution of one record's `y`, made with the model of
+/// the epochs before `epoch` (score first, then learn).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub id: i64,
+    pub epoch: u64,
+    pub predictive: Predictive,
+}
