@@ -2,11 +2,11 @@
 //! and the sampling law of its memory.
 
 use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::memory::{project_sites, reservoir_key, top_k};
+use dualgp_operators::model::memory::{point_uniform, project_sites, reservoir_key, top_k};
 use dualgp_operators::model::sequential::projection;
 use dualgp_operators::model::{
     bayesian_leverage_scores, Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link,
-    MemoryPolicy, PointSites, SequentialConfig, SequentialLearner,
+    MemoryPolicy, PointId, PointSites, SequentialConfig, SequentialLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -143,19 +143,21 @@ fn gaussian_bls_is_the_ridge_leverage_score() {
 /// With capacity 1, BLS-weighted reservoir sampling keeps item i with
 /// probability w_i / Σw exactly, whatever the batching. A chi-square test at a
 /// false-alarm rate of 0.1 % (4 degrees of freedom: critical value 18.47), on
-/// a fixed seed.
+/// fixed seeds; the uniform draws are the learner's own per-point ones.
 #[test]
 fn reservoir_keeps_points_in_proportion_to_their_scores() {
     let weights = [1.0, 2.0, 3.0, 4.0, 10.0];
     let batches: [&[usize]; 2] = [&[0, 1], &[2, 3, 4]];
     let trials = 20_000;
-    let mut rng = ChaCha8Rng::seed_from_u64(13);
     let mut counts = [0usize; 5];
-    for _ in 0..trials {
+    for seed in 0..trials {
         let mut kept: Vec<(usize, f64)> = Vec::new();
-        for batch in batches {
+        for (b, batch) in batches.iter().enumerate() {
             let mut all = kept.clone();
-            all.extend(batch.iter().map(|&i| (i, reservoir_key(weights[i], &mut rng))));
+            all.extend(batch.iter().map(|&i| {
+                let u = point_uniform(seed, PointId { batch: b as u64, id: i as i64 });
+                (i, reservoir_key(weights[i], u))
+            }));
             let keys: Vec<f64> = all.iter().map(|p| p.1).collect();
             kept = top_k(&keys, 1).into_iter().map(|j| all[j]).collect();
         }

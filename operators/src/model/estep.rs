@@ -69,8 +69,11 @@ impl PointSites {
         (0..self.s1.ncols())
             .map(|c| {
                 let mut lambda = DMatrix::zeros(m, m);
-                add_weighted_gram(&mut lambda, kzx, self.s2.column(c).as_slice());
-                symmetrize(&mut lambda);
+                // A Gaussian likelihood's β̂ is constant: later steps leave Λ alone.
+                if self.s2.column(c).iter().any(|&v| v != 0.0) {
+                    add_weighted_gram(&mut lambda, kzx, self.s2.column(c).as_slice());
+                    symmetrize(&mut lambda);
+                }
                 Sites {
                     l: kzx * self.s1.column(c),
                     lambda,
@@ -132,20 +135,30 @@ pub fn e_step_at(
     config: &EStepConfig,
 ) -> Result<()> {
     for _ in 0..config.steps {
-        let (d1, d2) = site_step(post, likelihood, data, cross, sites, config.rho);
-        for (c, totals) in post.sites.iter_mut().enumerate() {
-            totals.l.gemv(1.0, &cross.kzx, &d1.column(c), 1.0);
-            if d2.column(c).iter().any(|&v| v != 0.0) {
-                add_weighted_gram(&mut totals.lambda, &cross.kzx, d2.column(c).as_slice());
-                symmetrize(&mut totals.lambda);
-            }
+        let change = site_update(post, likelihood, data, cross, sites, config.rho);
+        for (totals, change) in post.sites.iter_mut().zip(&change) {
+            totals.add(change, 1.0);
         }
         post.refresh()?;
     }
     Ok(())
 }
 
-/// One damped update of every point's sites; returns the changes `(Δs1, Δs2)`.
+/// One damped update of the sites of `data`'s points (kernel quantities
+/// `cross`); returns the change of their contribution to the totals. Shares
+/// of points update independently and their changes add up.
+pub fn site_update(
+    post: &DualPosterior,
+    likelihood: &Likelihood,
+    data: &Data,
+    cross: &Cross,
+    sites: &mut PointSites,
+    rho: f64,
+) -> Vec<Sites> {
+    site_step(post, likelihood, data, cross, sites, rho).totals(&cross.kzx)
+}
+
+/// One damped update of every point's sites; returns the changes.
 fn site_step(
     post: &DualPosterior,
     likelihood: &Likelihood,
@@ -153,11 +166,10 @@ fn site_step(
     cross: &Cross,
     sites: &mut PointSites,
     rho: f64,
-) -> (DMatrix<f64>, DMatrix<f64>) {
+) -> PointSites {
     let n_latent = post.n_latent();
     let marginals = post.marginals(cross);
-    let mut d1 = DMatrix::zeros(data.n(), n_latent);
-    let mut d2 = DMatrix::zeros(data.n(), n_latent);
+    let mut change = PointSites::zeros(data.n(), n_latent);
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
@@ -166,11 +178,11 @@ fn site_step(
             let lambda1 = e.d_mean[c] + beta * mean[c];
             let s1 = (1.0 - rho) * sites.s1[(i, c)] + rho * lambda1;
             let s2 = (1.0 - rho) * sites.s2[(i, c)] + rho * beta;
-            d1[(i, c)] = s1 - sites.s1[(i, c)];
-            d2[(i, c)] = s2 - sites.s2[(i, c)];
+            change.s1[(i, c)] = s1 - sites.s1[(i, c)];
+            change.s2[(i, c)] = s2 - sites.s2[(i, c)];
             sites.s1[(i, c)] = s1;
             sites.s2[(i, c)] = s2;
         }
     });
-    (d1, d2)
+    change
 }

@@ -4,14 +4,14 @@
 //! totals so that it can leave without a trace.
 
 use nalgebra::{DMatrix, DVector};
-use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::estep::{PointSites, BETA_MIN};
 use super::likelihood::{Expectation, Likelihood};
-use super::linalg::{add_weighted_gram, symmetrize};
+use super::linalg::symmetrize;
 use super::posterior::{DualPosterior, Sites};
+use super::shard::{splitmix64, PointId};
 
 /// Which points of a batch enter the memory, and which leave it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -30,6 +30,7 @@ pub enum MemoryPolicy {
 /// One remembered point and its contribution `(k s1, s2 k kᵀ)` per latent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryPoint {
+    pub id: PointId,
     pub x: Vec<f64>,
     pub y: f64,
     /// The kernel column `k(Z, x)` its sites were added with, projected by every move of `Z` since.
@@ -70,37 +71,22 @@ impl Memory {
         Data::new(x, y).expect("remembered points were validated when they arrived")
     }
 
-    /// Adds a point and its contribution.
-    pub fn insert(&mut self, point: MemoryPoint) {
-        self.account(&point, 1.0);
-        self.points.push(point);
-    }
-
-    /// Removes the point at `index` and subtracts exactly what it contributed.
-    pub fn remove(&mut self, index: usize) -> MemoryPoint {
-        let point = self.points.swap_remove(index);
-        self.account(&point, -1.0);
-        point
-    }
-
-    fn account(&mut self, point: &MemoryPoint, sign: f64) {
-        let column = DMatrix::from_column_slice(point.column.len(), 1, point.column.as_slice());
-        for (c, totals) in self.totals.iter_mut().enumerate() {
-            totals.l.axpy(sign * point.s1[c], &point.column, 1.0);
-            add_weighted_gram(&mut totals.lambda, &column, &[sign * point.s2[c]]);
-            symmetrize(&mut totals.lambda);
+    /// The memory of `points` (in id order), their contributions summed.
+    pub fn from_points(points: Vec<MemoryPoint>, m: usize, n_latent: usize) -> Self {
+        let mut memory = Memory::new(m, n_latent);
+        if !points.is_empty() {
+            let columns = DMatrix::from_columns(&points.iter().map(|p| p.column.clone()).collect::<Vec<_>>());
+            let row = |f: fn(&MemoryPoint) -> &Vec<f64>| {
+                DMatrix::from_fn(points.len(), n_latent, |i, c| f(&points[i])[c])
+            };
+            let sites = PointSites {
+                s1: row(|p| &p.s1),
+                s2: row(|p| &p.s2),
+            };
+            memory.totals = sites.totals(&columns);
         }
-    }
-
-    /// Replaces every point's sites and columns after an E-step over the
-    /// memory, and the totals with their sum.
-    pub fn reset_contributions(&mut self, columns: &DMatrix<f64>, sites: &PointSites) {
-        for (i, p) in self.points.iter_mut().enumerate() {
-            p.column = columns.column(i).into_owned();
-            p.s1 = sites.s1.row(i).iter().copied().collect();
-            p.s2 = sites.s2.row(i).iter().copied().collect();
-        }
-        self.totals = sites.totals(columns);
+        memory.points = points;
+        memory
     }
 
     /// Re-expresses every contribution in new inducing inputs: `k ← Pᵀ k`.
@@ -141,11 +127,17 @@ pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, d
     scores
 }
 
-/// Efraimidis–Spirakis key `ln(u)/w` of a point with weight `w`: the `k`
-/// largest keys are a weighted sample without replacement.
-pub fn reservoir_key(weight: f64, rng: &mut impl Rng) -> f64 {
-    let u: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
-    u.ln() / weight.max(f64::MIN_POSITIVE)
+/// Efraimidis–Spirakis key `ln(u)/w` of a point with weight `w` and a
+/// uniform draw `u`: the `k` largest keys are a weighted sample without replacement.
+pub fn reservoir_key(weight: f64, u: f64) -> f64 {
+    u.max(f64::MIN_POSITIVE).ln() / weight.max(f64::MIN_POSITIVE)
+}
+
+/// A uniform draw in `(0, 1)` that belongs to one point of one stream: the
+/// same whichever worker computes it.
+pub fn point_uniform(seed: u64, id: PointId) -> f64 {
+    let bits = splitmix64(splitmix64(seed ^ splitmix64(id.batch)) ^ id.id as u64);
+    ((bits >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
 /// Indices of the `k` largest keys, largest first (ties by index).

@@ -18,6 +18,8 @@ pub mod posterior;
 pub mod predict;
 pub mod quadrature;
 pub mod sequential;
+pub mod shard;
+pub mod snapshot;
 pub mod trainer;
 
 pub use data::Data;
@@ -28,5 +30,7 @@ pub use likelihood::{Likelihood, Link, Predictive};
 pub use memory::{bayesian_leverage_scores, MemoryPolicy};
 pub use posterior::DualPosterior;
 pub use predict::{evaluate, predict, Metrics};
-pub use sequential::{InducingPolicy, SequentialConfig, SequentialLearner, StepSeconds, UpdateReport};
+pub use sequential::{InducingPolicy, SequentialConfig, SequentialLearner, Shards, StepSeconds, UpdateReport};
+pub use shard::{Answer, Partition, PointId, Query, Shard};
+pub use snapshot::Snapshot;
 pub use trainer::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel, Optimizer};

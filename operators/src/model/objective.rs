@@ -7,13 +7,14 @@
 //! hyperparameter: the kernel's log-parameters, then the likelihood's.
 
 use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::error::{ModelError, Result};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood};
 use super::linalg::transposed;
-use super::posterior::DualPosterior;
+use super::posterior::{Cross, DualPosterior};
 
 /// `F(θ)` and `∂F/∂ log θ`.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,78 +57,149 @@ pub fn m_step_objective(
             });
         }
     }
-    let weight = |i: usize| weights.map_or(1.0, |w| w[i]);
-    let (n, m, n_latent) = (data.n(), post.m(), post.n_latent());
-    let factors = post.factors();
-    let cross = post.cross(data.x());
-    let marginals = post.marginals(&cross);
+    let terms = DataTerms::new(post, likelihood, data, &post.cross(data.x()), weights);
+    Ok(terms.finish(post, likelihood))
+}
 
-    // Data term and its derivatives in each point's (μ, v).
-    let mut value = 0.0;
-    let mut d_mean = DMatrix::zeros(n, n_latent);
-    let mut d_var = DMatrix::zeros(n, n_latent);
-    let mut lik_grad = DVector::zeros(likelihood.n_params());
-    let mut e = Expectation::default();
-    marginals.for_each_point(|i, mean, var| {
-        likelihood.expectation(mean, var, data.y()[i], &mut e);
-        let ci = weight(i);
-        value += ci * e.value;
-        for c in 0..n_latent {
-            d_mean[(i, c)] = ci * e.d_mean[c];
-            d_var[(i, c)] = ci * e.d_var[c];
+/// The part of `F(θ)` and its gradient that sums over points: what one worker
+/// computes over its records. Partial terms add up; [`DataTerms::finish`]
+/// adds the KL term and the chain rule through `K(Z, Z)` once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataTerms {
+    /// `Σ c_i E_q[log p(y_i|f_i)]`.
+    pub value: f64,
+    /// Through `K(Z, X)` and `k(x_i, x_i)`, in the kernel's log-parameters.
+    pub kernel_grad: DVector<f64>,
+    pub likelihood_grad: DVector<f64>,
+    /// Through `K(Z, X)`, `m × d`.
+    pub grad_z: DMatrix<f64>,
+    /// Per latent `Σ_i k_i ∂/∂μ_i`, `m`.
+    pub kzx_d_mean: Vec<DVector<f64>>,
+    /// Per latent `Σ_i ∂/∂v_i k_i k_iᵀ`, `m × m`.
+    pub gram_d_var: Vec<DMatrix<f64>>,
+}
+
+impl DataTerms {
+    /// Nothing summed yet.
+    pub fn zeros(post: &DualPosterior, likelihood: &Likelihood) -> Self {
+        let (m, d, n_latent) = (post.m(), post.d(), post.n_latent());
+        DataTerms {
+            value: 0.0,
+            kernel_grad: DVector::zeros(post.kernel.n_params()),
+            likelihood_grad: DVector::zeros(likelihood.n_params()),
+            grad_z: DMatrix::zeros(m, d),
+            kzx_d_mean: vec![DVector::zeros(m); n_latent],
+            gram_d_var: vec![DMatrix::zeros(m, m); n_latent],
         }
-        for (g, dp) in lik_grad.iter_mut().zip(&e.d_params) {
-            *g += ci * dp;
-        }
-    });
-    value -= post.kl();
-
-    // Chain rule into K = K(Z,Z) + εI, K(Z,X) and k(x_i, x_i).
-    let k = post.k_zz();
-    let k_inv = factors.chol_k.inverse();
-    let mut g_k = DMatrix::zeros(m, m);
-    let mut g_kzx = DMatrix::zeros(m, n);
-    let mut g_diag = DVector::zeros(n);
-    for c in 0..n_latent {
-        let w = &factors.w[c];
-        let r_inv = factors.chol_r[c].inverse();
-        let a = d_mean.column(c);
-        let b = d_var.column(c);
-        g_diag += b;
-
-        // μ_i = k_iᵀ w with w = R⁻¹ l:  ∂/∂K_zx = w aᵀ,  ∂/∂K = −(R⁻¹ K_zx a) wᵀ.
-        g_kzx.ger(1.0, w, &a, 1.0);
-        let r_inv_kzx_a = &r_inv * (&cross.kzx * a);
-        g_k.ger(-1.0, &r_inv_kzx_a, w, 1.0);
-
-        // v_i = k_ii − k_iᵀK⁻¹k_i + k_iᵀR⁻¹k_i:
-        //   ∂/∂K_zx = 2 (R⁻¹ − K⁻¹) K_zx diag(b),  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹,  M = K_zx diag(b) K_xz.
-        let mut kzx_b = cross.kzx.clone();
-        for (mut col, &bj) in kzx_b.column_iter_mut().zip(b.iter()) {
-            col *= bj;
-        }
-        g_kzx.gemm(2.0, &(&r_inv - &k_inv), &kzx_b, 1.0);
-        let gram_b = &kzx_b * transposed(&cross.kzx);
-        g_k += &k_inv * &gram_b * &k_inv - &r_inv * &gram_b * &r_inv;
-
-        // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
-        let r_inv_k = &r_inv * &k;
-        g_k +=
-            -&r_inv + 0.5 * &r_inv_k * &r_inv - 0.5 * w * w.transpose() + (&r_inv_k * w) * w.transpose() + 0.5 * &k_inv;
     }
 
-    let kernel = &post.kernel;
-    let mut kernel_grad = kernel.matrix_grad(&post.z, &post.z, &g_k);
-    kernel_grad += kernel.matrix_grad(&post.z, data.x(), &g_kzx);
-    kernel_grad += kernel.diag_grad(data.x(), &g_diag);
+    /// The terms of the points of `data` (already checked), whose kernel
+    /// quantities under the posterior's current `θ` and `Z` are `cross`.
+    pub fn new(
+        post: &DualPosterior,
+        likelihood: &Likelihood,
+        data: &Data,
+        cross: &Cross,
+        weights: Option<&[f64]>,
+    ) -> Self {
+        let weight = |i: usize| weights.map_or(1.0, |w| w[i]);
+        let (n, n_latent) = (data.n(), post.n_latent());
+        let factors = post.factors();
+        let marginals = post.marginals(cross);
+        let mut terms = DataTerms::zeros(post, likelihood);
 
-    let grad_z = kernel.input_grad(&post.z, &post.z, &g_k)
-        + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
-        + kernel.input_grad(&post.z, data.x(), &g_kzx);
+        // Data term and its derivatives in each point's (μ, v).
+        let mut d_mean = DMatrix::zeros(n, n_latent);
+        let mut d_var = DMatrix::zeros(n, n_latent);
+        let mut e = Expectation::default();
+        marginals.for_each_point(|i, mean, var| {
+            likelihood.expectation(mean, var, data.y()[i], &mut e);
+            let ci = weight(i);
+            terms.value += ci * e.value;
+            for c in 0..n_latent {
+                d_mean[(i, c)] = ci * e.d_mean[c];
+                d_var[(i, c)] = ci * e.d_var[c];
+            }
+            for (g, dp) in terms.likelihood_grad.iter_mut().zip(&e.d_params) {
+                *g += ci * dp;
+            }
+        });
 
-    let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
-    grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);
-    grad.rows_mut(kernel.n_params(), likelihood.n_params())
-        .copy_from(&lik_grad);
-    Ok(Objective { value, grad, grad_z })
+        // Chain rule into K(Z,X) and k(x_i, x_i); what goes through K(Z, Z)
+        // needs only the sums kept in `kzx_d_mean` and `gram_d_var`.
+        let k_inv = factors.chol_k.inverse();
+        let mut g_kzx = DMatrix::zeros(post.m(), n);
+        let mut g_diag = DVector::zeros(n);
+        for c in 0..n_latent {
+            let a = d_mean.column(c);
+            let b = d_var.column(c);
+            g_diag += b;
+            // μ_i = k_iᵀ w:  ∂/∂K_zx = w aᵀ.
+            g_kzx.ger(1.0, &factors.w[c], &a, 1.0);
+            terms.kzx_d_mean[c] = &cross.kzx * a;
+            // v_i = k_ii − k_iᵀK⁻¹k_i + k_iᵀR⁻¹k_i:  ∂/∂K_zx = 2 (R⁻¹ − K⁻¹) K_zx diag(b).
+            let mut kzx_b = cross.kzx.clone();
+            for (mut col, &bj) in kzx_b.column_iter_mut().zip(b.iter()) {
+                col *= bj;
+            }
+            g_kzx.gemm(2.0, &(factors.chol_r[c].inverse() - &k_inv), &kzx_b, 1.0);
+            terms.gram_d_var[c] = &kzx_b * transposed(&cross.kzx);
+        }
+        let kernel = &post.kernel;
+        terms.kernel_grad = kernel.matrix_grad(&post.z, data.x(), &g_kzx) + kernel.diag_grad(data.x(), &g_diag);
+        terms.grad_z = kernel.input_grad(&post.z, data.x(), &g_kzx);
+        terms
+    }
+
+    /// Adds another share of points.
+    pub fn add(&mut self, other: &DataTerms) {
+        self.value += other.value;
+        self.kernel_grad += &other.kernel_grad;
+        self.likelihood_grad += &other.likelihood_grad;
+        self.grad_z += &other.grad_z;
+        for (a, b) in self.kzx_d_mean.iter_mut().zip(&other.kzx_d_mean) {
+            *a += b;
+        }
+        for (a, b) in self.gram_d_var.iter_mut().zip(&other.gram_d_var) {
+            *a += b;
+        }
+    }
+
+    /// `F(θ)` and its gradient: the summed data terms, minus the KL term, with
+    /// the chain rule through `K = K(Z, Z) + εI`.
+    pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood) -> Objective {
+        let m = post.m();
+        let factors = post.factors();
+        let k = post.k_zz();
+        let k_inv = factors.chol_k.inverse();
+        let mut g_k = DMatrix::zeros(m, m);
+        for c in 0..post.n_latent() {
+            let w = &factors.w[c];
+            let r_inv = factors.chol_r[c].inverse();
+            // μ:  ∂/∂K = −(R⁻¹ K_zx a) wᵀ.
+            g_k.ger(-1.0, &(&r_inv * &self.kzx_d_mean[c]), w, 1.0);
+            // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz.
+            let gram = &self.gram_d_var[c];
+            g_k += &k_inv * gram * &k_inv - &r_inv * gram * &r_inv;
+            // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
+            let r_inv_k = &r_inv * &k;
+            g_k += -&r_inv + 0.5 * &r_inv_k * &r_inv - 0.5 * w * w.transpose()
+                + (&r_inv_k * w) * w.transpose()
+                + 0.5 * &k_inv;
+        }
+        let kernel = &post.kernel;
+        let kernel_grad = self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k);
+        let grad_z = self.grad_z
+            + kernel.input_grad(&post.z, &post.z, &g_k)
+            + kernel.input_grad(&post.z, &post.z, &g_k.transpose());
+        let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
+        grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);
+        grad.rows_mut(kernel.n_params(), likelihood.n_params())
+            .copy_from(&self.likelihood_grad);
+        Objective {
+            value: self.value - post.kl(),
+            grad,
+            grad_z,
+        }
+    }
 }

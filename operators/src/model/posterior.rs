@@ -28,6 +28,12 @@ impl Sites {
             lambda: DMatrix::zeros(m, m),
         }
     }
+
+    /// `self += scale · other`.
+    pub fn add(&mut self, other: &Sites, scale: f64) {
+        self.l.axpy(scale, &other.l, 1.0);
+        self.lambda.zip_apply(&other.lambda, |a, b| *a += scale * b);
+    }
 }
 
 /// Factors derived from the state; rebuilt by [`DualPosterior::refresh`].

@@ -4,23 +4,25 @@
 //! memory, takes M-steps on the hyperparameters and picks new memory points by
 //! their Bayesian leverage score.
 
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use nalgebra::{DMatrix, DVector};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::error::{ModelError, Result};
-use super::estep::{e_step_at, EStepConfig, PointSites};
+use super::estep::EStepConfig;
 use super::inducing::{pivoted_cholesky, select_inducing};
 use super::kernel::Kernel;
 use super::likelihood::{Likelihood, Predictive};
-use super::memory::{bayesian_leverage_scores, project_sites, reservoir_key, top_k, Memory, MemoryPoint, MemoryPolicy};
-use super::objective::{hyperparameters, m_step_objective, set_hyperparameters};
+use super::memory::{project_sites, top_k, Memory, MemoryPolicy};
+use super::objective::{hyperparameters, set_hyperparameters};
 use super::optim::Adam;
-use super::posterior::DualPosterior;
+use super::posterior::{DualPosterior, Sites};
+use super::shard::{Answer, Partition, PointId, Query, Shard};
+use super::snapshot::Snapshot;
 use super::predict::{evaluate, predict, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,12 +196,30 @@ impl SequentialLearner {
         }
         let d = self.posterior.as_ref().map_or(batch.d(), DualPosterior::d);
         batch.check(d, &self.likelihood)?;
+        let ids: Vec<i64> = (0..batch.n() as i64).collect();
+        let mut shard = Shard::new(Partition::WHOLE, self.batches, &ids, batch.clone());
+        let mut local = Local(&mut shard);
+        let mut update = std::pin::pin!(self.learn(&mut local));
+        match update.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(report) => report,
+            Poll::Pending => unreachable!("a local shard answers at once"),
+        }
+    }
+
+    /// Algorithm 1 over a batch held by `shards` (validated records; the first
+    /// query asks for their inputs). The shards may be this process's only one
+    /// or every worker of a dataflow.
+    pub async fn learn(&mut self, shards: &mut impl Shards) -> Result<UpdateReport> {
+        let arrivals = match shards.ask(Query::Arrivals).await {
+            Answer::Arrivals(rows) => rows,
+            other => return Err(unexpected("arrivals", &other)),
+        };
+        let x = DMatrix::from_fn(arrivals.len(), arrivals[0].1.len(), |i, j| arrivals[i].1[j]);
         if self.posterior.is_none() {
-            self.kernel.validate(d)?;
-            let z = select_inducing(&self.kernel, batch.x(), self.config.inducing);
+            self.kernel.validate(x.ncols())?;
+            let z = select_inducing(&self.kernel, &x, self.config.inducing);
             self.init(z)?;
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ self.batches.wrapping_mul(0x9E37_79B9_7F4A_7C15));
 
         let mut seconds = StepSeconds::default();
         let mut clock = Instant::now();
@@ -207,11 +227,10 @@ impl SequentialLearner {
             *slot += clock.elapsed().as_secs_f64();
             clock = Instant::now();
         };
-        let moved_inducing = self.config.inducing_policy == InducingPolicy::Pivoted
-            && self.n_seen > 0
-            && self.move_inducing(batch.x())?;
+        let moved_inducing =
+            self.config.inducing_policy == InducingPolicy::Pivoted && self.n_seen > 0 && self.move_inducing(&x)?;
         lap(&mut seconds.inducing);
-        let (points, mut kzx, mut sites) = self.learn_with_memory(batch)?;
+        self.learn_with_memory(shards).await?;
         lap(&mut seconds.e_step);
         let rounds = if self.config.m_steps > 0 {
             self.config.m_rounds.max(1)
@@ -224,20 +243,20 @@ impl SequentialLearner {
                 .reexpress_old_data
                 .then(|| self.require().cloned())
                 .transpose()?;
-            self.m_step(&points, batch.n())?;
+            self.m_step(shards).await?;
             if let Some(before) = &before {
-                self.reexpress_old_data(before, &kzx, &sites)?;
+                self.reexpress_old_data(shards, before).await?;
             }
             lap(&mut seconds.m_step);
             if before.is_some() || round + 1 < rounds {
-                self.relearn(&points, batch.n(), &mut kzx, &mut sites)?;
+                self.relearn(shards).await?;
             }
             lap(&mut seconds.e_step);
         }
-        self.remember(batch, &kzx, &sites, &mut rng)?;
+        self.remember(shards).await?;
         lap(&mut seconds.memory);
 
-        self.n_seen += batch.n() as u64;
+        self.n_seen += x.nrows() as u64;
         self.batches += 1;
         Ok(UpdateReport {
             batch: self.batches,
@@ -246,6 +265,18 @@ impl SequentialLearner {
             moved_inducing,
             seconds,
         })
+    }
+
+    /// What the workers need of the current model.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        self.posterior.as_ref().map(|posterior| Snapshot {
+            posterior: posterior.clone(),
+            likelihood: self.likelihood.clone(),
+        })
+    }
+
+    fn current(&self) -> Snapshot {
+        self.snapshot().expect("initialised")
     }
 
     /// Step 1: pivoted Cholesky over `[Z; X_D]` and projection of all site
@@ -278,146 +309,180 @@ impl SequentialLearner {
 
     /// Steps 2–3: takes the memory's contribution out of the totals and runs
     /// the E-step over the batch and the memory together from zero sites.
-    /// Returns the points, their kernel columns and their sites.
-    fn learn_with_memory(&mut self, batch: &Data) -> Result<(Data, DMatrix<f64>, PointSites)> {
+    async fn learn_with_memory(&mut self, shards: &mut impl Shards) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
         for (totals, mem) in post.sites.iter_mut().zip(&self.memory.totals) {
-            totals.l -= &mem.l;
-            totals.lambda -= &mem.lambda;
+            totals.add(mem, -1.0);
         }
-        let points = concat(batch, &self.memory.data(post.d()));
-        let cross = post.cross(points.x());
-        let mut sites = PointSites::zeros(points.n(), post.n_latent());
-        e_step_at(post, &self.likelihood, &points, &cross, &mut sites, &self.config.e_step)?;
-        self.memory_from(&cross.kzx, &sites, batch.n());
-        Ok((points, cross.kzx, sites))
+        post.refresh()?;
+        let begin = Query::Begin {
+            model: self.current(),
+            memory: self.memory.points.clone(),
+        };
+        shards.ask(begin).await;
+        self.e_steps(shards).await
+    }
+
+    /// `config.e_step.steps` damped site updates over the batch and the memory.
+    async fn e_steps(&mut self, shards: &mut impl Shards) -> Result<()> {
+        for _ in 0..self.config.e_step.steps {
+            let query = Query::EStep {
+                model: self.current(),
+                rho: self.config.e_step.rho,
+            };
+            let change = self.totals(shards, query).await?;
+            self.add_to_totals(&change)?;
+        }
+        Ok(())
+    }
+
+    /// Summed [`Answer::Totals`] (zero if no shard holds a point).
+    async fn totals(&self, shards: &mut impl Shards, query: Query) -> Result<Vec<Sites>> {
+        match shards.ask(query).await {
+            Answer::Totals(t) => Ok(t),
+            Answer::Nothing => {
+                let post = self.require()?;
+                Ok(vec![Sites::zeros(post.m()); post.n_latent()])
+            }
+            other => Err(unexpected("site totals", &other)),
+        }
+    }
+
+    fn add_to_totals(&mut self, change: &[Sites]) -> Result<()> {
+        let post = self.posterior.as_mut().expect("initialised");
+        for (totals, change) in post.sites.iter_mut().zip(change) {
+            totals.add(change, 1.0);
+        }
+        post.refresh()
     }
 
     /// After `θ` moved: data no longer at hand keeps what it said about the
     /// inducing values `u = f(Z)` (its likelihood in u-space, natural
     /// parameters `K⁻¹l`, `K⁻¹ΛK⁻¹`) rather than its sites, i.e. its part of
     /// the totals is projected with `P = K_before⁻¹ K_now`.
-    fn reexpress_old_data(&mut self, before: &DualPosterior, kzx: &DMatrix<f64>, sites: &PointSites) -> Result<()> {
+    async fn reexpress_old_data(&mut self, shards: &mut impl Shards, before: &DualPosterior) -> Result<()> {
+        let here = self.totals(shards, Query::Contribution).await?;
         let post = self.posterior.as_mut().expect("initialised");
         let p = before.factors().chol_k.solve(&post.k_zz());
-        for (totals, here) in post.sites.iter_mut().zip(sites.totals(kzx)) {
-            let mut old = super::posterior::Sites {
-                l: &totals.l - &here.l,
-                lambda: &totals.lambda - &here.lambda,
-            };
-            project_sites(&mut old, &p);
-            totals.l = old.l + here.l;
-            totals.lambda = old.lambda + here.lambda;
+        for (totals, here) in post.sites.iter_mut().zip(&here) {
+            totals.add(here, -1.0);
+            project_sites(totals, &p);
+            totals.add(here, 1.0);
         }
         post.refresh()
-    }
-
-    /// The memory's contributions are the points after the batch's `n_batch`.
-    fn memory_from(&mut self, kzx: &DMatrix<f64>, sites: &PointSites, n_batch: usize) {
-        let in_memory: Vec<usize> = (n_batch..sites.n()).collect();
-        self.memory
-            .reset_contributions(&kzx.select_columns(&in_memory), &sites.select(&in_memory));
     }
 
     /// Between M-step rounds: re-expresses the batch's and the memory's sites
     /// with kernel columns under the new `θ`, then runs the E-step over them
     /// again (warm-started). Only older data keeps its earlier columns.
-    fn relearn(&mut self, points: &Data, n_batch: usize, kzx: &mut DMatrix<f64>, sites: &mut PointSites) -> Result<()> {
-        let post = self.posterior.as_mut().expect("initialised");
-        let cross = post.cross(points.x());
-        for ((totals, old), new) in post
-            .sites
-            .iter_mut()
-            .zip(sites.totals(kzx))
-            .zip(sites.totals(&cross.kzx))
-        {
-            totals.l += &new.l - &old.l;
-            totals.lambda += &new.lambda - &old.lambda;
-        }
-        post.refresh()?;
-        e_step_at(post, &self.likelihood, points, &cross, sites, &self.config.e_step)?;
-        *kzx = cross.kzx;
-        self.memory_from(kzx, sites, n_batch);
-        Ok(())
+    async fn relearn(&mut self, shards: &mut impl Shards) -> Result<()> {
+        let change = self.totals(shards, Query::Recolumn { model: self.current() }).await?;
+        self.add_to_totals(&change)?;
+        self.e_steps(shards).await
     }
 
     /// Step 4: Adam on `F(θ)` with the totals fixed; the memory's terms are
     /// scaled by `n_old / |M|` to stand for all past data.
-    fn m_step(&mut self, points: &Data, n_batch: usize) -> Result<()> {
-        if self.config.m_steps == 0 {
-            return Ok(());
-        }
-        let n_memory = points.n() - n_batch;
-        let memory_weight = if n_memory > 0 {
-            self.n_seen as f64 / n_memory as f64
-        } else {
+    async fn m_step(&mut self, shards: &mut impl Shards) -> Result<()> {
+        let memory_weight = if self.memory.is_empty() {
             1.0
+        } else {
+            self.n_seen as f64 / self.memory.len() as f64
         };
-        let weights: Vec<f64> = (0..points.n())
-            .map(|i| if i < n_batch { 1.0 } else { memory_weight })
-            .collect();
-        let post = self.posterior.as_mut().expect("initialised");
-        let mut theta = hyperparameters(&post.kernel, &self.likelihood);
+        let mut theta = hyperparameters(self.kernel(), &self.likelihood);
         for _ in 0..self.config.m_steps {
-            let grad = m_step_objective(post, &self.likelihood, points, Some(&weights))?.grad;
+            let query = Query::Gradient {
+                model: self.current(),
+                memory_weight,
+            };
+            let post = self.require()?;
+            let terms = match shards.ask(query).await {
+                Answer::Terms(terms) => terms,
+                other => return Err(unexpected("M-step terms", &other)),
+            };
+            let grad = terms.finish(post, &self.likelihood).grad;
             self.adam.step(&mut theta, &grad);
+            let post = self.posterior.as_mut().expect("initialised");
             set_hyperparameters(&mut post.kernel, &mut self.likelihood, &theta);
             post.refresh()?;
         }
         Ok(())
     }
 
-    /// Step 5: new memory points by BLS at the current posterior, each added
-    /// with the contribution it has inside the totals (step 2's column and sites).
-    fn remember(&mut self, batch: &Data, kzx: &DMatrix<f64>, sites: &PointSites, rng: &mut ChaCha8Rng) -> Result<()> {
-        let post = self.posterior.as_ref().expect("initialised");
-        let (keys, keep) = match self.config.memory {
-            MemoryPolicy::None => return Ok(()),
-            MemoryPolicy::PerBatch { k } => {
-                let scores = bayesian_leverage_scores(post, &self.likelihood, batch);
-                let keys: Vec<f64> = scores.iter().map(|&h| reservoir_key(h, rng)).collect();
-                let keep = top_k(&keys, k);
-                (keys, keep)
-            }
-            MemoryPolicy::Random { k } => {
-                let keys: Vec<f64> = (0..batch.n()).map(|_| reservoir_key(1.0, rng)).collect();
-                let keep = top_k(&keys, k);
-                (keys, keep)
-            }
-            MemoryPolicy::Reservoir { capacity } => {
-                let scores = bayesian_leverage_scores(post, &self.likelihood, batch);
-                let keys: Vec<f64> = scores.iter().map(|&h| reservoir_key(h, rng)).collect();
-                // Old and new compete on their keys; the capacity largest stay.
-                let all: Vec<f64> = self
-                    .memory
-                    .points
-                    .iter()
-                    .map(|p| p.key)
-                    .chain(keys.iter().copied())
-                    .collect();
-                let winners = top_k(&all, capacity);
-                let n_old = self.memory.len();
-                let mut leaving: Vec<usize> = (0..n_old).filter(|i| !winners.contains(i)).collect();
-                leaving.sort_unstable_by(|a, b| b.cmp(a)); // swap_remove from the back keeps indices valid
-                for i in leaving {
-                    self.memory.remove(i);
-                }
-                let keep = winners.into_iter().filter(|&i| i >= n_old).map(|i| i - n_old).collect();
-                (keys, keep)
+    /// Step 5: new memory points by their reservoir keys (BLS-weighted at the
+    /// current posterior, or uniform), each joining with the contribution it
+    /// has inside the totals.
+    async fn remember(&mut self, shards: &mut impl Shards) -> Result<()> {
+        let (by_leverage, per_batch) = match self.config.memory {
+            MemoryPolicy::None => (false, Some(0)),
+            MemoryPolicy::PerBatch { k } => (true, Some(k)),
+            MemoryPolicy::Random { k } => (false, Some(k)),
+            MemoryPolicy::Reservoir { .. } => (true, None),
+        };
+        let keys = if per_batch == Some(0) {
+            Vec::new()
+        } else {
+            let query = Query::Keys {
+                model: self.current(),
+                seed: self.config.seed,
+                by_leverage,
+            };
+            match shards.ask(query).await {
+                Answer::Keys(keys) => keys,
+                other => return Err(unexpected("memory keys", &other)),
             }
         };
-        for i in keep {
-            self.memory.insert(MemoryPoint {
-                x: batch.x().row(i).iter().copied().collect(),
-                y: batch.y()[i],
-                column: kzx.column(i).into_owned(),
-                s1: sites.s1.row(i).iter().copied().collect(),
-                s2: sites.s2.row(i).iter().copied().collect(),
-                key: keys[i],
-            });
-        }
+        // Old and new points compete on their keys; a per-batch policy keeps all old ones.
+        let old: Vec<(PointId, f64)> = self.memory.points.iter().map(|p| (p.id, p.key)).collect();
+        let (mut keep, stay): (Vec<PointId>, Vec<PointId>) = match (per_batch, self.config.memory) {
+            (Some(k), _) => {
+                let new: Vec<f64> = keys.iter().map(|k| k.1).collect();
+                (
+                    top_k(&new, k).into_iter().map(|i| keys[i].0).collect(),
+                    old.iter().map(|p| p.0).collect(),
+                )
+            }
+            (None, MemoryPolicy::Reservoir { capacity }) => {
+                let all: Vec<(PointId, f64)> = old.iter().chain(&keys).copied().collect();
+                let values: Vec<f64> = all.iter().map(|p| p.1).collect();
+                let winners: Vec<PointId> = top_k(&values, capacity).into_iter().map(|i| all[i].0).collect();
+                winners.iter().copied().partition(|id| id.batch == self.batches)
+            }
+            (None, _) => unreachable!("only the reservoir has no per-batch count"),
+        };
+        keep.sort_unstable();
+        let points = match shards.ask(Query::Finish { keep }).await {
+            Answer::Memory(points) => points,
+            Answer::Nothing => Vec::new(),
+            other => return Err(unexpected("memory points", &other)),
+        };
+        let stay: std::collections::HashSet<PointId> = stay.into_iter().collect();
+        let batch = self.batches;
+        let points = points.into_iter().filter(|p| p.id.batch == batch || stay.contains(&p.id)).collect();
+        let post = self.require()?;
+        self.memory = Memory::from_points(points, post.m(), post.n_latent());
         Ok(())
     }
+}
+
+/// Asks every shard the same question and merges their answers.
+pub trait Shards {
+    fn ask(&mut self, query: Query) -> impl Future<Output = Answer>;
+}
+
+/// The model-only learner's single shard, which answers at once.
+struct Local<'a>(&'a mut Shard);
+
+impl Shards for Local<'_> {
+    fn ask(&mut self, query: Query) -> impl Future<Output = Answer> {
+        std::future::ready(self.0.answer(query))
+    }
+}
+
+fn unexpected(wanted: &str, got: &Answer) -> ModelError {
+    let kind = format!("{got:?}");
+    let kind = kind.split(['(', ' ', '{']).next().unwrap_or("?").to_string();
+    ModelError::Config(format!("the shards answered {kind} where {wanted} were asked for"))
 }
 
 /// `P = K(Z_old, Z_old)⁻¹ K(Z_old, Z_new)`: re-expresses sites over `Z_old` over `Z_new`.
@@ -433,19 +498,4 @@ pub fn projection(post: &DualPosterior, z_new: &DMatrix<f64>) -> DMatrix<f64> {
         }
     }
     post.factors().chol_k.solve(&cross)
-}
-
-fn concat(a: &Data, b: &Data) -> Data {
-    if b.n() == 0 {
-        return a.clone();
-    }
-    let x = DMatrix::from_fn(a.n() + b.n(), a.d(), |i, j| {
-        if i < a.n() {
-            a.x()[(i, j)]
-        } else {
-            b.x()[(i - a.n(), j)]
-        }
-    });
-    let y = DVector::from_iterator(a.n() + b.n(), a.y().iter().chain(b.y().iter()).copied());
-    Data::new(x, y).expect("both parts were validated")
 }

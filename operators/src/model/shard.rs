@@ -1,0 +1,327 @@
+//! The partitioned half of an update. A [`Shard`] holds one worker's share of
+//! the points an update works on (its records of the batch and the memory
+//! points it owns) and answers the learner's [`Query`]s with partial sums that
+//! add up across shards ([`Answer::merge`]). The learner itself never touches
+//! points: the same update runs on one local shard or on every worker of a
+//! dataflow.
+
+use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
+
+use super::data::Data;
+use super::estep::{site_update, PointSites};
+use super::memory::{bayesian_leverage_scores, point_uniform, reservoir_key, MemoryPoint};
+use super::objective::DataTerms;
+use super::posterior::{Cross, Sites};
+use super::snapshot::Snapshot;
+
+/// A record's identity across the stream: the batch it came in and its id.
+/// Within a batch, records are ordered by id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PointId {
+    pub batch: u64,
+    pub id: i64,
+}
+
+/// The worker a record id belongs to is `route(id) % peers`: records and the
+/// memory points they become stay on the same worker.
+pub fn route(id: i64) -> u64 {
+    splitmix64(id as u64)
+}
+
+/// A well-mixed 64-bit hash (Steele et al.'s SplitMix64 finaliser).
+pub(crate) fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Which share of the memory a shard works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    pub index: usize,
+    pub peers: usize,
+}
+
+impl Partition {
+    /// Everything: the model-only learner's single shard.
+    pub const WHOLE: Partition = Partition { index: 0, peers: 1 };
+
+    pub fn owns(&self, id: i64) -> bool {
+        route(id) % self.peers as u64 == self.index as u64
+    }
+}
+
+/// What the learner asks of the shards, in the order of Algorithm 1.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Query {
+    /// The batch's inputs (only the round that announces a batch answers it).
+    Arrivals,
+    /// Start from zero sites on the batch and the memory points this shard
+    /// owns, under `model`.
+    Begin { model: Snapshot, memory: Vec<MemoryPoint> },
+    /// One damped E-step: the change of the points' contribution to the totals.
+    EStep { model: Snapshot, rho: f64 },
+    /// The data terms of the M-step objective, memory terms weighted.
+    Gradient { model: Snapshot, memory_weight: f64 },
+    /// The points' contribution to the totals, with the columns their sites were added with.
+    Contribution,
+    /// Kernel columns under `model` replace the old ones: the change of the contribution.
+    Recolumn { model: Snapshot },
+    /// Reservoir keys of the batch's records, by BLS or uniform.
+    Keys { model: Snapshot, seed: u64, by_leverage: bool },
+    /// The update is over: the memory this shard owns, with `keep` from the batch added.
+    Finish { keep: Vec<PointId> },
+}
+
+/// A shard's answer; answers of the same query merge into the whole.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Answer {
+    Nothing,
+    /// Ids and inputs of the batch's records, in id order.
+    Arrivals(Vec<(PointId, Vec<f64>)>),
+    Totals(Vec<Sites>),
+    Terms(DataTerms),
+    Keys(Vec<(PointId, f64)>),
+    Memory(Vec<MemoryPoint>),
+}
+
+impl Answer {
+    /// Sums partial sums and concatenates lists (in id order, so that the
+    /// whole does not depend on how the points were shared out).
+    pub fn merge(self, other: Answer) -> Answer {
+        match (self, other) {
+            (Answer::Nothing, b) => b,
+            (a, Answer::Nothing) => a,
+            (Answer::Arrivals(mut a), Answer::Arrivals(b)) => {
+                a.extend(b);
+                a.sort_by_key(|r| r.0);
+                Answer::Arrivals(a)
+            }
+            (Answer::Totals(mut a), Answer::Totals(b)) => {
+                for (a, b) in a.iter_mut().zip(&b) {
+                    a.add(b, 1.0);
+                }
+                Answer::Totals(a)
+            }
+            (Answer::Terms(mut a), Answer::Terms(b)) => {
+                a.add(&b);
+                Answer::Terms(a)
+            }
+            (Answer::Keys(mut a), Answer::Keys(b)) => {
+                a.extend(b);
+                a.sort_by_key(|k| k.0);
+                Answer::Keys(a)
+            }
+            (Answer::Memory(mut a), Answer::Memory(b)) => {
+                a.extend(b);
+                a.sort_by_key(|p| p.id);
+                Answer::Memory(a)
+            }
+            (a, b) => panic!("answers to different queries cannot merge: {a:?} and {b:?}"),
+        }
+    }
+}
+
+/// One worker's points for the current update and their working state.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    partition: Partition,
+    /// This worker's records of the batch, in id order.
+    batch_ids: Vec<PointId>,
+    batch: Option<Data>,
+    /// The memory points this shard owns; their columns and sites are
+    /// brought up to date when the update finishes.
+    memory: Vec<MemoryPoint>,
+    /// Batch records then owned memory points.
+    points: Option<Data>,
+    cross: Option<Cross>,
+    sites: PointSites,
+    keys: Vec<f64>,
+}
+
+impl Shard {
+    /// A shard of `batch` with its records' `ids` (any order; kept in id order).
+    pub fn new(partition: Partition, batch: u64, ids: &[i64], data: Data) -> Self {
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i]);
+        let batch_ids = order.iter().map(|&i| PointId { batch, id: ids[i] }).collect();
+        Shard {
+            partition,
+            batch_ids,
+            batch: (data.n() > 0).then(|| data.select(&order)),
+            memory: Vec::new(),
+            points: None,
+            cross: None,
+            sites: PointSites::zeros(0, 0),
+            keys: Vec::new(),
+        }
+    }
+
+    fn n_batch(&self) -> usize {
+        self.batch_ids.len()
+    }
+
+    pub fn answer(&mut self, query: Query) -> Answer {
+        match query {
+            Query::Arrivals => self.arrivals(),
+            Query::Begin { model, memory } => self.begin(ready(model), memory),
+            Query::EStep { model, rho } => {
+                let model = ready(model);
+                match (&self.points, &self.cross) {
+                    (Some(points), Some(cross)) => Answer::Totals(site_update(
+                        &model.posterior,
+                        &model.likelihood,
+                        points,
+                        cross,
+                        &mut self.sites,
+                        rho,
+                    )),
+                    _ => Answer::Nothing,
+                }
+            }
+            Query::Gradient { model, memory_weight } => {
+                let model = ready(model);
+                match &self.points {
+                    Some(points) => {
+                        let n_batch = self.n_batch();
+                        let weights: Vec<f64> = (0..points.n())
+                            .map(|i| if i < n_batch { 1.0 } else { memory_weight })
+                            .collect();
+                        let cross = model.posterior.cross(points.x());
+                        Answer::Terms(DataTerms::new(
+                            &model.posterior,
+                            &model.likelihood,
+                            points,
+                            &cross,
+                            Some(&weights),
+                        ))
+                    }
+                    None => Answer::Nothing,
+                }
+            }
+            Query::Contribution => match &self.cross {
+                Some(cross) => Answer::Totals(self.sites.totals(&cross.kzx)),
+                None => Answer::Nothing,
+            },
+            Query::Recolumn { model } => {
+                let model = ready(model);
+                match (&self.points, &mut self.cross) {
+                    (Some(points), Some(cross)) => {
+                        let new = model.posterior.cross(points.x());
+                        let mut change = self.sites.totals(&new.kzx);
+                        for (c, old) in change.iter_mut().zip(self.sites.totals(&cross.kzx)) {
+                            c.add(&old, -1.0);
+                        }
+                        *cross = new;
+                        Answer::Totals(change)
+                    }
+                    _ => Answer::Nothing,
+                }
+            }
+            Query::Keys {
+                model,
+                seed,
+                by_leverage,
+            } => self.keys(&ready(model), seed, by_leverage),
+            Query::Finish { keep } => self.finish(&keep),
+        }
+    }
+
+    fn arrivals(&self) -> Answer {
+        match &self.batch {
+            Some(batch) => Answer::Arrivals(
+                self.batch_ids
+                    .iter()
+                    .zip(batch.x().row_iter())
+                    .map(|(&id, x)| (id, x.iter().copied().collect()))
+                    .collect(),
+            ),
+            None => Answer::Nothing,
+        }
+    }
+
+    fn begin(&mut self, model: Snapshot, memory: Vec<MemoryPoint>) -> Answer {
+        self.memory = memory.into_iter().filter(|p| self.partition.owns(p.id.id)).collect();
+        let d = model.posterior.d();
+        let n = self.n_batch() + self.memory.len();
+        self.points = (n > 0).then(|| {
+            let mut x = DMatrix::zeros(n, d);
+            let mut y = DVector::zeros(n);
+            if let Some(batch) = &self.batch {
+                x.rows_mut(0, batch.n()).copy_from(batch.x());
+                y.rows_mut(0, batch.n()).copy_from(batch.y());
+            }
+            for (k, p) in self.memory.iter().enumerate() {
+                let i = self.n_batch() + k;
+                x.row_mut(i).copy_from_slice(&p.x);
+                y[i] = p.y;
+            }
+            Data::new(x, y).expect("records and memory points were validated")
+        });
+        self.cross = self.points.as_ref().map(|p| model.posterior.cross(p.x()));
+        self.sites = PointSites::zeros(n, model.posterior.n_latent());
+        Answer::Nothing
+    }
+
+    fn keys(&mut self, model: &Snapshot, seed: u64, by_leverage: bool) -> Answer {
+        let Some(batch) = &self.batch else {
+            return Answer::Nothing;
+        };
+        let weights = if by_leverage {
+            bayesian_leverage_scores(&model.posterior, &model.likelihood, batch)
+        } else {
+            vec![1.0; batch.n()]
+        };
+        self.keys = self
+            .batch_ids
+            .iter()
+            .zip(&weights)
+            .map(|(&id, &w)| reservoir_key(w, point_uniform(seed, id)))
+            .collect();
+        Answer::Keys(self.batch_ids.iter().copied().zip(self.keys.iter().copied()).collect())
+    }
+
+    /// The owned memory points with the columns and sites they now hold in
+    /// the totals, and the batch records chosen to join them.
+    fn finish(&mut self, keep: &[PointId]) -> Answer {
+        let n_batch = self.n_batch();
+        let Some(cross) = &self.cross else {
+            return Answer::Memory(std::mem::take(&mut self.memory));
+        };
+        let row = |m: &DMatrix<f64>, i: usize| m.row(i).iter().copied().collect::<Vec<f64>>();
+        for (k, p) in self.memory.iter_mut().enumerate() {
+            let i = n_batch + k;
+            p.column = cross.kzx.column(i).into_owned();
+            p.s1 = row(&self.sites.s1, i);
+            p.s2 = row(&self.sites.s2, i);
+        }
+        let mut memory = std::mem::take(&mut self.memory);
+        if let Some(batch) = &self.batch {
+            for (i, id) in self.batch_ids.iter().enumerate() {
+                if keep.binary_search(id).is_ok() {
+                    memory.push(MemoryPoint {
+                        id: *id,
+                        x: row(batch.x(), i),
+                        y: batch.y()[i],
+                        column: cross.kzx.column(i).into_owned(),
+                        s1: row(&self.sites.s1, i),
+                        s2: row(&self.sites.s2, i),
+                        key: self.keys.get(i).copied().unwrap_or(f64::NEG_INFINITY),
+                    });
+                }
+            }
+        }
+        memory.sort_by_key(|p| p.id);
+        Answer::Memory(memory)
+    }
+}
+
+/// A snapshot that came through serialisation lacks its cached factors.
+fn ready(mut model: Snapshot) -> Snapshot {
+    model
+        .ensure_factors()
+        .expect("the learner factorised this posterior before sending it");
+    model
+}

@@ -1,0 +1,28 @@
+//! The model as the workers see it: enough to score records and to compute
+//! their share of an update.
+
+use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
+
+use super::error::Result;
+use super::likelihood::{Likelihood, Predictive};
+use super::posterior::DualPosterior;
+use super::predict::predict;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub posterior: DualPosterior,
+    pub likelihood: Likelihood,
+}
+
+impl Snapshot {
+    /// The predictive distribution of `y` at each row of `x`.
+    pub fn predict(&self, x: &DMatrix<f64>) -> Vec<Predictive> {
+        predict(&self.posterior, &self.likelihood, x)
+    }
+
+    /// Rebuilds the cached factors a deserialised posterior lacks.
+    pub fn ensure_factors(&mut self) -> Result<()> {
+        self.posterior.ensure_factors()
+    }
+}
