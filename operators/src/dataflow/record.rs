@@ -22,3 +22,11 @@ pub struct Prediction {
     pub epoch: u64,
     pub predictive: Predictive,
 }
+
+/// A record the operator cannot score or learn from, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejected {
+    pub epoch: u64,
+    pub record: Record,
+    pub reason: String,
+}

@@ -173,9 +173,9 @@ fn site_step(
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
-        for c in 0..n_latent {
+        for (c, &mean_c) in mean.iter().enumerate() {
             let beta = (-2.0 * e.d_var[c]).max(BETA_MIN);
-            let lambda1 = e.d_mean[c] + beta * mean[c];
+            let lambda1 = e.d_mean[c] + beta * mean_c;
             let s1 = (1.0 - rho) * sites.s1[(i, c)] + rho * lambda1;
             let s2 = (1.0 - rho) * sites.s2[(i, c)] + rho * beta;
             change.s1[(i, c)] = s1 - sites.s1[(i, c)];

@@ -4,6 +4,7 @@
 //! memory, takes M-steps on the hyperparameters and picks new memory points by
 //! their Bayesian leverage score.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -21,9 +22,9 @@ use super::memory::{project_sites, top_k, Memory, MemoryPolicy};
 use super::objective::{hyperparameters, set_hyperparameters};
 use super::optim::Adam;
 use super::posterior::{DualPosterior, Sites};
+use super::predict::{evaluate, predict, Metrics};
 use super::shard::{Answer, Partition, PointId, Query, Shard};
 use super::snapshot::Snapshot;
-use super::predict::{evaluate, predict, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -190,14 +191,28 @@ impl SequentialLearner {
     }
 
     /// Algorithm 1: learns from `batch` and forgets it but for the memory.
+    /// Its records are known by their row index.
     pub fn update(&mut self, batch: &Data) -> Result<UpdateReport> {
+        let ids: Vec<i64> = (0..batch.n() as i64).collect();
+        self.update_with_ids(&ids, batch)
+    }
+
+    /// [`update`](Self::update) with the records' own ids, which order the
+    /// batch and seed each record's memory draw (as in the dataflow operator).
+    pub fn update_with_ids(&mut self, ids: &[i64], batch: &Data) -> Result<UpdateReport> {
+        if ids.len() != batch.n() {
+            return Err(ModelError::Dimension {
+                what: "record ids".into(),
+                expected: batch.n(),
+                got: ids.len(),
+            });
+        }
         if batch.n() == 0 {
             return Err(ModelError::Config("an update needs at least one record".into()));
         }
         let d = self.posterior.as_ref().map_or(batch.d(), DualPosterior::d);
         batch.check(d, &self.likelihood)?;
-        let ids: Vec<i64> = (0..batch.n() as i64).collect();
-        let mut shard = Shard::new(Partition::WHOLE, self.batches, &ids, batch.clone());
+        let mut shard = Shard::new(Partition::WHOLE, self.batches, ids, batch.clone());
         let mut local = Local(&mut shard);
         let mut update = std::pin::pin!(self.learn(&mut local));
         match update.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
@@ -433,32 +448,35 @@ impl SequentialLearner {
             }
         };
         // Old and new points compete on their keys; a per-batch policy keeps all old ones.
-        let old: Vec<(PointId, f64)> = self.memory.points.iter().map(|p| (p.id, p.key)).collect();
+        let old = self.memory.points.iter().map(|p| (p.id, p.key));
         let (mut keep, stay): (Vec<PointId>, Vec<PointId>) = match (per_batch, self.config.memory) {
             (Some(k), _) => {
                 let new: Vec<f64> = keys.iter().map(|k| k.1).collect();
-                (
-                    top_k(&new, k).into_iter().map(|i| keys[i].0).collect(),
-                    old.iter().map(|p| p.0).collect(),
-                )
+                let keep = top_k(&new, k).into_iter().map(|i| keys[i].0).collect();
+                (keep, old.map(|p| p.0).collect())
             }
             (None, MemoryPolicy::Reservoir { capacity }) => {
-                let all: Vec<(PointId, f64)> = old.iter().chain(&keys).copied().collect();
+                let all: Vec<(PointId, f64)> = old.chain(keys.iter().copied()).collect();
                 let values: Vec<f64> = all.iter().map(|p| p.1).collect();
-                let winners: Vec<PointId> = top_k(&values, capacity).into_iter().map(|i| all[i].0).collect();
-                winners.iter().copied().partition(|id| id.batch == self.batches)
+                let is_new = |id: &PointId| keys.binary_search_by_key(id, |k| k.0).is_ok();
+                top_k(&values, capacity).into_iter().map(|i| all[i].0).partition(is_new)
             }
             (None, _) => unreachable!("only the reservoir has no per-batch count"),
         };
         keep.sort_unstable();
-        let points = match shards.ask(Query::Finish { keep }).await {
+        let points = match shards
+            .ask(Query::Finish {
+                keep: keep.clone(),
+                model: self.current(),
+            })
+            .await
+        {
             Answer::Memory(points) => points,
             Answer::Nothing => Vec::new(),
             other => return Err(unexpected("memory points", &other)),
         };
-        let stay: std::collections::HashSet<PointId> = stay.into_iter().collect();
-        let batch = self.batches;
-        let points = points.into_iter().filter(|p| p.id.batch == batch || stay.contains(&p.id)).collect();
+        let members: HashSet<PointId> = keep.into_iter().chain(stay).collect();
+        let points = points.into_iter().filter(|p| members.contains(&p.id)).collect();
         let post = self.require()?;
         self.memory = Memory::from_points(points, post.m(), post.n_latent());
         Ok(())

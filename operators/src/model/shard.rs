@@ -70,9 +70,14 @@ pub enum Query {
     /// Kernel columns under `model` replace the old ones: the change of the contribution.
     Recolumn { model: Snapshot },
     /// Reservoir keys of the batch's records, by BLS or uniform.
-    Keys { model: Snapshot, seed: u64, by_leverage: bool },
-    /// The update is over: the memory this shard owns, with `keep` from the batch added.
-    Finish { keep: Vec<PointId> },
+    Keys {
+        model: Snapshot,
+        seed: u64,
+        by_leverage: bool,
+    },
+    /// The update is over: the memory this shard owns, with `keep` (sorted)
+    /// from the batch added. `model` is the learned model, for scoring what comes next.
+    Finish { keep: Vec<PointId>, model: Snapshot },
 }
 
 /// A shard's answer; answers of the same query merge into the whole.
@@ -225,7 +230,7 @@ impl Shard {
                 seed,
                 by_leverage,
             } => self.keys(&ready(model), seed, by_leverage),
-            Query::Finish { keep } => self.finish(&keep),
+            Query::Finish { keep, .. } => self.finish(&keep),
         }
     }
 

@@ -1,0 +1,60 @@
+//! The extension trait that puts a sequential GP learner into a stream.
+
+use timely::dataflow::operators::vec::{Broadcast, Map};
+use timely::dataflow::operators::{ConnectLoop, Enter, Feedback, Leave, OkErr};
+use timely::dataflow::StreamVec;
+
+use super::partition_stage::{partition_stage, StageOutput};
+use super::record::{Prediction, Record, Rejected};
+use super::reduce_stage::{reduce_stage, ModelUpdate, ReduceOutput};
+use super::Round;
+use crate::model::SequentialLearner;
+
+/// The streams a learner produces, all timestamped by epoch.
+pub struct GpStreams<'scope> {
+    /// Every accepted record, scored with the model learned from earlier epochs.
+    pub predictions: StreamVec<'scope, u64, Prediction>,
+    /// One per epoch with labelled records, from worker 0.
+    pub updates: StreamVec<'scope, u64, ModelUpdate>,
+    /// Records of the wrong dimension, with non-finite features or invalid labels.
+    pub rejected: StreamVec<'scope, u64, Rejected>,
+}
+
+pub trait LearnGp<'scope> {
+    /// Scores each record, then learns from the labelled ones, one epoch at a
+    /// time. `learner` is the starting state (fresh or a checkpoint), the same
+    /// on every worker; records have `features` inputs.
+    fn learn_gp(self, learner: SequentialLearner, features: usize) -> GpStreams<'scope>;
+}
+
+impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
+    fn learn_gp(self, learner: SequentialLearner, features: usize) -> GpStreams<'scope> {
+        let outer = self.scope();
+        outer.scoped::<Round, _, _>("GpLearner", |inner| {
+            let records = self.enter(inner);
+            let (next_round, queries) = inner.feedback((0, 1));
+            let prior = (learner.kernel().clone(), learner.likelihood.clone());
+            let staged = partition_stage(records, queries.broadcast(), learner.snapshot(), prior, features);
+            let (answers, others) = staged.ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
+                StageOutput::Answer { worker, answer } => Ok((worker, *answer)),
+                other => Err(other),
+            });
+            let (predictions, rejected) = others.ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
+                StageOutput::Prediction(p) => Ok(p),
+                StageOutput::Rejected(r) => Err(r),
+                StageOutput::Answer { .. } => unreachable!("split off above"),
+            });
+            let (queries, updates) =
+                reduce_stage(answers, learner).ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
+                    ReduceOutput::Query(q) => Ok(*q),
+                    ReduceOutput::Update(u) => Err(u),
+                });
+            queries.connect_loop(next_round);
+            GpStreams {
+                predictions: predictions.leave(outer),
+                updates: updates.map(|u| *u).leave(outer),
+                rejected: rejected.leave(outer),
+            }
+        })
+    }
+}

@@ -1,0 +1,192 @@
+//! The partitioned stage: every worker scores its own records with the latest
+//! model (score first, then learn) and answers the learner's queries for its
+//! share of the batch and the memory.
+
+use std::collections::BTreeMap;
+
+use nalgebra::{DMatrix, DVector};
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::Capability;
+use timely::dataflow::StreamVec;
+
+use super::record::{Prediction, Record, Rejected};
+use super::Round;
+use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
+
+/// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) enum StageOutput {
+    Answer { worker: usize, answer: Box<Answer> },
+    Prediction(Prediction),
+    Rejected(Rejected),
+}
+
+/// The model records are scored with: the prior until the first update.
+enum Scorer {
+    Prior { kernel: Kernel, likelihood: Likelihood },
+    Model(Snapshot),
+}
+
+impl Scorer {
+    fn predict(&self, x: &DMatrix<f64>) -> Vec<Predictive> {
+        match self {
+            Scorer::Model(model) => model.predict(x),
+            Scorer::Prior { kernel, likelihood } => {
+                let n_latent = likelihood.n_latent();
+                kernel
+                    .diag(x)
+                    .iter()
+                    .map(|&v| likelihood.predict(&vec![0.0; n_latent], &vec![v; n_latent]))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Records of one epoch, held until they can be scored.
+struct Pending {
+    capability: Capability<Round>,
+    records: Vec<Record>,
+}
+
+pub(super) fn partition_stage<'scope>(
+    records: StreamVec<'scope, Round, Record>,
+    queries: StreamVec<'scope, Round, Query>,
+    initial: Option<Snapshot>,
+    prior: (Kernel, Likelihood),
+    features: usize,
+) -> StreamVec<'scope, Round, StageOutput> {
+    let scope = records.scope();
+    let worker = scope.index();
+    let partition = Partition {
+        index: worker,
+        peers: scope.peers(),
+    };
+    let by_owner = Exchange::new(|r: &Record| crate::model::shard::route(r.id));
+    records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
+        let likelihood = prior.1.clone();
+        let mut scorer = match initial {
+            Some(model) => Scorer::Model(model),
+            None => Scorer::Prior {
+                kernel: prior.0,
+                likelihood: prior.1,
+            },
+        };
+        let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
+        let mut asked: Vec<(Capability<Round>, Vec<Query>)> = Vec::new();
+        let mut shard: Option<(u64, Shard)> = None;
+        let empty_shard = move |epoch: u64| {
+            let none = Data::new(DMatrix::zeros(0, features), DVector::zeros(0)).expect("empty");
+            Shard::new(partition, epoch, &[], none)
+        };
+
+        move |(records, record_frontier), (queries, query_frontier), output| {
+            records.for_each_stamp(|cap, data| {
+                let Some(cap) = cap.retain_least(output.output_index()) else {
+                    return;
+                };
+                let epoch = cap.time().0;
+                let entry = pending.entry(epoch).or_insert_with(|| Pending {
+                    capability: cap,
+                    records: Vec::new(),
+                });
+                entry.records.extend(data.flat_map(|d| d.drain(..)));
+            });
+            queries.for_each_stamp(|cap, data| {
+                if let Some(cap) = cap.retain_least(output.output_index()) {
+                    asked.push((cap, data.flat_map(|d| d.drain(..)).collect()));
+                }
+            });
+
+            // The learner asks one question at a time, so answering in time order is answering in turn.
+            asked.sort_by(|a, b| a.0.time().cmp(b.0.time()));
+            for (cap, batch) in asked.drain(..) {
+                let epoch = cap.time().0;
+                let mut session = output.session(&cap);
+                for query in batch {
+                    if shard.as_ref().is_none_or(|s| s.0 != epoch) {
+                        shard = Some((epoch, empty_shard(epoch)));
+                    }
+                    let finished = match &query {
+                        Query::Finish { model, .. } => {
+                            let mut model = model.clone();
+                            model
+                                .ensure_factors()
+                                .expect("the learner factorised this posterior before sending it");
+                            Some(model)
+                        }
+                        _ => None,
+                    };
+                    let answer = shard.as_mut().expect("made above").1.answer(query);
+                    session.give(StageOutput::Answer {
+                        worker,
+                        answer: Box::new(answer),
+                    });
+                    if let Some(model) = finished {
+                        scorer = Scorer::Model(model);
+                        shard = None;
+                    }
+                }
+            }
+
+            // Score an epoch once all its records are in and every earlier update is done.
+            while let Some(entry) = pending.first_entry() {
+                let start = (*entry.key(), 0);
+                let earlier_update_running = query_frontier.frontier().iter().any(|t| *t < start);
+                if record_frontier.less_equal(&start) || earlier_update_running {
+                    break;
+                }
+                let Pending { capability, records } = entry.remove();
+                let epoch = start.0;
+                let mut session = output.session(&capability);
+                let mut accepted = Vec::with_capacity(records.len());
+                for record in records {
+                    match check(&record, features, &likelihood) {
+                        Ok(()) => accepted.push(record),
+                        Err(reason) => session.give(StageOutput::Rejected(Rejected { epoch, record, reason })),
+                    }
+                }
+                let x = DMatrix::from_fn(accepted.len(), features, |i, j| accepted[i].features[j]);
+                for (record, predictive) in accepted.iter().zip(scorer.predict(&x)) {
+                    session.give(StageOutput::Prediction(Prediction {
+                        id: record.id,
+                        epoch,
+                        predictive,
+                    }));
+                }
+                let labelled: Vec<&Record> = accepted.iter().filter(|r| r.label.is_some()).collect();
+                if !labelled.is_empty() {
+                    let ids: Vec<i64> = labelled.iter().map(|r| r.id).collect();
+                    let x = DMatrix::from_fn(labelled.len(), features, |i, j| labelled[i].features[j]);
+                    let y = DVector::from_iterator(labelled.len(), labelled.iter().map(|r| r.label.unwrap_or(0.0)));
+                    let data = Data::new(x, y).expect("checked above");
+                    let mut new = Shard::new(partition, epoch, &ids, data);
+                    let answer = new.answer(Query::Arrivals);
+                    shard = Some((epoch, new));
+                    session.give(StageOutput::Answer {
+                        worker,
+                        answer: Box::new(answer),
+                    });
+                }
+            }
+        }
+    })
+}
+
+/// Why a record cannot be scored or learned from, if it cannot.
+fn check(record: &Record, features: usize, likelihood: &Likelihood) -> Result<(), String> {
+    if record.features.len() != features {
+        return Err(format!(
+            "{} features where the model has {features}",
+            record.features.len()
+        ));
+    }
+    if let Some(j) = record.features.iter().position(|v| !v.is_finite()) {
+        return Err(format!("feature {j} is {}", record.features[j]));
+    }
+    match record.label {
+        Some(y) => likelihood.check_label(0, y).map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,210 @@
+//! The timely operator against the model-only learner: 1, 2 and 4 workers in
+//! one process, and 2 processes on loopback, give the same model and the same
+//! predictions on the same batches.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
+use dualgp_operators::model::{
+    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Predictive, SequentialConfig,
+    SequentialLearner,
+};
+use nalgebra::{DMatrix, DVector};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use timely::dataflow::operators::{Input, Inspect, Probe};
+use timely::dataflow::{InputHandleVec, ProbeHandle};
+
+const FEATURES: usize = 2;
+
+/// Epochs of records with global ids; a few records carry no label and a few are malformed.
+fn stream(classes: bool, epochs: usize, per_epoch: usize, seed: u64) -> Vec<Vec<Record>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut id = 0i64;
+    (0..epochs)
+        .map(|_| {
+            (0..per_epoch)
+                .map(|i| {
+                    let x: Vec<f64> = (0..FEATURES).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    let f = (1.5 * x[0]).sin() + 0.5 * x[1];
+                    let y = if classes {
+                        f64::from(f + 0.3 * rng.random::<f64>() > 0.2)
+                    } else {
+                        f + 0.1 * rng.random::<f64>()
+                    };
+                    id += 1;
+                    let (features, label) = match i % 17 {
+                        5 => (x, None),
+                        11 => (vec![x[0]], Some(y)),
+                        13 => (vec![x[0], f64::NAN], Some(y)),
+                        _ => (x, Some(y)),
+                    };
+                    Record { id, features, label }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn learner(classes: bool) -> SequentialLearner {
+    let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7; FEATURES]);
+    let (likelihood, memory) = if classes {
+        (
+            Likelihood::Bernoulli { link: Link::Probit },
+            MemoryPolicy::PerBatch { k: 8 },
+        )
+    } else {
+        (
+            Likelihood::Gaussian { variance: 0.1 },
+            MemoryPolicy::Reservoir { capacity: 20 },
+        )
+    };
+    let config = SequentialConfig {
+        inducing: 12,
+        inducing_policy: InducingPolicy::Pivoted,
+        e_step: EStepConfig { steps: 3, rho: 0.8 },
+        m_steps: 4,
+        m_rounds: 2,
+        reexpress_old_data: true,
+        m_lr: 0.05,
+        memory,
+        seed: 7,
+    };
+    SequentialLearner::new(kernel, likelihood, config).unwrap()
+}
+
+fn is_valid(r: &Record) -> bool {
+    r.features.len() == FEATURES && r.features.iter().all(|v| v.is_finite())
+}
+
+/// The model-only learner on the valid labelled records, scoring each valid record first.
+fn reference(epochs: &[Vec<Record>], mut learner: SequentialLearner) -> (BTreeMap<i64, Predictive>, SequentialLearner) {
+    let mut predictions = BTreeMap::new();
+    for records in epochs {
+        let valid: Vec<&Record> = records.iter().filter(|r| is_valid(r)).collect();
+        if learner.posterior().is_some() {
+            let x = DMatrix::from_fn(valid.len(), FEATURES, |i, j| valid[i].features[j]);
+            for (r, p) in valid.iter().zip(learner.predict(&x).unwrap()) {
+                predictions.insert(r.id, p);
+            }
+        }
+        let labelled: Vec<&&Record> = valid.iter().filter(|r| r.label.is_some()).collect();
+        let ids: Vec<i64> = labelled.iter().map(|r| r.id).collect();
+        let x = DMatrix::from_fn(labelled.len(), FEATURES, |i, j| labelled[i].features[j]);
+        let y = DVector::from_iterator(labelled.len(), labelled.iter().map(|r| r.label.unwrap()));
+        learner.update_with_ids(&ids, &Data::new(x, y).unwrap()).unwrap();
+    }
+    (predictions, learner)
+}
+
+#[derive(Default)]
+struct Outputs {
+    predictions: Vec<Prediction>,
+    updates: Vec<ModelUpdate>,
+    rejected: Vec<Rejected>,
+}
+
+/// Runs the operator on `config`'s workers; worker 0 feeds every record.
+fn run(config: timely::Config, epochs: &[Vec<Record>], learner: SequentialLearner) -> Outputs {
+    let outputs = Arc::new(Mutex::new(Outputs::default()));
+    let (epochs, out) = (epochs.to_vec(), Arc::clone(&outputs));
+    timely::execute(config, move |worker| {
+        let mut input = InputHandleVec::new();
+        let probe = ProbeHandle::new();
+        let (o1, o2, o3) = (Arc::clone(&out), Arc::clone(&out), Arc::clone(&out));
+        worker.dataflow::<u64, _, _>(|scope| {
+            let gp = scope.input_from(&mut input).learn_gp(learner.clone(), FEATURES);
+            gp.predictions
+                .inspect(move |p| o1.lock().unwrap().predictions.push(p.clone()))
+                .probe_with(&probe);
+            gp.updates
+                .inspect(move |u| o2.lock().unwrap().updates.push(u.clone()))
+                .probe_with(&probe);
+            gp.rejected
+                .inspect(move |r| o3.lock().unwrap().rejected.push(r.clone()));
+        });
+        for (epoch, records) in epochs.iter().enumerate() {
+            if worker.index() == 0 {
+                for r in records {
+                    input.send(r.clone());
+                }
+            }
+            input.advance_to(epoch as u64 + 1);
+        }
+        drop(input);
+        while worker.step() {}
+    })
+    .unwrap();
+    Arc::try_unwrap(outputs).ok().unwrap().into_inner().unwrap()
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-3)
+}
+
+fn predictive_err(a: &Predictive, b: &Predictive) -> f64 {
+    match (a, b) {
+        (Predictive::Moments { mean: m1, var: v1 }, Predictive::Moments { mean: m2, var: v2 }) => {
+            rel(*m1, *m2).max(rel(*v1, *v2))
+        }
+        (Predictive::Classes(p), Predictive::Classes(q)) => {
+            p.iter().zip(q).map(|(a, b)| rel(*a, *b)).fold(0.0, f64::max)
+        }
+        _ => f64::INFINITY,
+    }
+}
+
+/// Same predictions for every record after the first epoch, same final model, all rejects reported.
+fn assert_matches(outputs: &Outputs, epochs: &[Vec<Record>], learner: SequentialLearner) {
+    let (want, model) = reference(epochs, learner);
+    let n_valid = epochs.iter().flatten().filter(|r| is_valid(r)).count();
+    let n_invalid = epochs.iter().flatten().count() - n_valid;
+    assert_eq!(outputs.predictions.len(), n_valid, "every valid record is scored once");
+    assert_eq!(outputs.rejected.len(), n_invalid);
+    assert!(outputs
+        .rejected
+        .iter()
+        .all(|r| !is_valid(&r.record) && !r.reason.is_empty()));
+    let mut worst: f64 = 0.0;
+    for p in outputs.predictions.iter().filter(|p| p.epoch > 0) {
+        worst = worst.max(predictive_err(&p.predictive, &want[&p.id]));
+    }
+    assert!(
+        worst < 1e-8,
+        "predictions differ from the model-only learner by {worst:e}"
+    );
+
+    assert_eq!(outputs.updates.len(), epochs.len());
+    let mut last = outputs.updates.iter().max_by_key(|u| u.epoch).unwrap().clone();
+    assert!(last.outcome.is_ok(), "{:?}", last.outcome);
+    last.learner.ensure_factors().unwrap();
+    let grid = DMatrix::from_fn(40, FEATURES, |i, j| -2.0 + 0.1 * (i + j) as f64);
+    let (a, b) = (last.learner.predict(&grid).unwrap(), model.predict(&grid).unwrap());
+    let err = a.iter().zip(&b).map(|(a, b)| predictive_err(a, b)).fold(0.0, f64::max);
+    assert!(err < 1e-8, "final models differ by {err:e}");
+    assert_eq!(last.learner.memory.len(), model.memory.len());
+    assert_eq!(last.learner.n_seen, model.n_seen);
+}
+
+#[test]
+fn one_two_and_four_workers_match_the_model_only_learner_on_a_classification_stream() {
+    let epochs = stream(true, 5, 60, 1);
+    for workers in [1, 2, 4] {
+        let outputs = run(timely::Config::process(workers), &epochs, learner(true));
+        assert_matches(&outputs, &epochs, learner(true));
+    }
+}
+
+#[test]
+fn serialised_channels_and_a_bounded_memory_match_the_model_only_learner_on_regression() {
+    let epochs = stream(false, 6, 50, 2);
+    for workers in [1, 3] {
+        let config = timely::Config {
+            communication: timely::CommunicationConfig::ProcessBinary(workers),
+            worker: timely::WorkerConfig::default(),
+        };
+        let outputs = run(config, &epochs, learner(false));
+        assert_matches(&outputs, &epochs, learner(false));
+    }
+}
