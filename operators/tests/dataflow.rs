@@ -13,6 +13,7 @@ use dualgp_operators::model::{
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 use timely::dataflow::operators::{Input, Inspect, Probe};
 use timely::dataflow::{InputHandleVec, ProbeHandle};
 
@@ -98,7 +99,7 @@ fn reference(epochs: &[Vec<Record>], mut learner: SequentialLearner) -> (BTreeMa
     (predictions, learner)
 }
 
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 struct Outputs {
     predictions: Vec<Prediction>,
     updates: Vec<ModelUpdate>,
@@ -207,4 +208,75 @@ fn serialised_channels_and_a_bounded_memory_match_the_model_only_learner_on_regr
         let outputs = run(config, &epochs, learner(false));
         assert_matches(&outputs, &epochs, learner(false));
     }
+}
+
+/// Two processes of one worker each, on loopback through timely's own cluster
+/// configuration (`-n 2 -p I -w 1 -h HOSTFILE`): this test binary runs itself
+/// twice as [`cluster_process`].
+#[test]
+fn two_processes_on_loopback_match_the_model_only_learner() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    std::fs::write(
+        &hosts,
+        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|process| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["cluster_process", "--exact", "--ignored", "--nocapture"])
+                .env("DUALGP_TEST_PROCESS", process.to_string())
+                .env("DUALGP_TEST_HOSTS", &hosts)
+                .env("DUALGP_TEST_OUT", dir.path())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        // Bounded: the children finish the stream or fail; a hung child is killed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "a cluster process failed: {status}");
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("a cluster process did not finish within two minutes");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let mut merged = Outputs::default();
+    for process in 0..2 {
+        let bytes = std::fs::read(dir.path().join(format!("process-{process}.bin"))).unwrap();
+        let part: Outputs = bincode::deserialize(&bytes).unwrap();
+        merged.predictions.extend(part.predictions);
+        merged.updates.extend(part.updates);
+        merged.rejected.extend(part.rejected);
+    }
+    assert_matches(&merged, &stream(true, 5, 60, 3), learner(true));
+}
+
+#[test]
+#[ignore = "one process of two_processes_on_loopback_match_the_model_only_learner"]
+fn cluster_process() {
+    let var = |name: &str| std::env::var(name).unwrap();
+    let process = var("DUALGP_TEST_PROCESS");
+    let args = ["-w", "1", "-n", "2", "-p", &process, "-h", &var("DUALGP_TEST_HOSTS")];
+    let config = timely::Config::from_args(args.iter().map(|a| a.to_string())).unwrap();
+    let outputs = run(config, &stream(true, 5, 60, 3), learner(true));
+    // bincode, not JSON: the rejected records hold NaN.
+    let path = std::path::Path::new(&var("DUALGP_TEST_OUT")).join(format!("process-{process}.bin"));
+    std::fs::write(path, bincode::serialize(&outputs).unwrap()).unwrap();
 }

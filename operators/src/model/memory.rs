@@ -15,7 +15,8 @@ use super::shard::{splitmix64, PointId};
 
 /// Which points of a batch enter the memory, and which leave it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+// Externally tagged: bincode (timely's wire format) cannot read internally tagged enums.
+#[serde(rename_all = "kebab-case")]
 pub enum MemoryPolicy {
     /// `k` points per batch by BLS, kept forever (the paper).
     PerBatch { k: usize },
@@ -76,9 +77,8 @@ impl Memory {
         let mut memory = Memory::new(m, n_latent);
         if !points.is_empty() {
             let columns = DMatrix::from_columns(&points.iter().map(|p| p.column.clone()).collect::<Vec<_>>());
-            let row = |f: fn(&MemoryPoint) -> &Vec<f64>| {
-                DMatrix::from_fn(points.len(), n_latent, |i, c| f(&points[i])[c])
-            };
+            let row =
+                |f: fn(&MemoryPoint) -> &Vec<f64>| DMatrix::from_fn(points.len(), n_latent, |i, c| f(&points[i])[c]);
             let sites = PointSites {
                 s1: row(|p| &p.s1),
                 s2: row(|p| &p.s2),
@@ -129,8 +129,10 @@ pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, d
 
 /// Efraimidis–Spirakis key `ln(u)/w` of a point with weight `w` and a
 /// uniform draw `u`: the `k` largest keys are a weighted sample without replacement.
+/// Kept finite (a weight near zero gives the lowest key, not `-∞`) so that
+/// checkpoints stay valid JSON.
 pub fn reservoir_key(weight: f64, u: f64) -> f64 {
-    u.max(f64::MIN_POSITIVE).ln() / weight.max(f64::MIN_POSITIVE)
+    (u.max(f64::MIN_POSITIVE).ln() / weight.max(f64::MIN_POSITIVE)).max(f64::MIN)
 }
 
 /// A uniform draw in `(0, 1)` that belongs to one point of one stream: the

@@ -313,7 +313,7 @@ impl Shard {
                         column: cross.kzx.column(i).into_owned(),
                         s1: row(&self.sites.s1, i),
                         s2: row(&self.sites.s2, i),
-                        key: self.keys.get(i).copied().unwrap_or(f64::NEG_INFINITY),
+                        key: self.keys.get(i).copied().unwrap_or(f64::MIN),
                     });
                 }
             }
