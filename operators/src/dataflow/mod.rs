@@ -8,11 +8,13 @@
 //! update is done. Results do not depend on the number of workers beyond
 //! floating-point rounding.
 
+pub mod checkpoint;
 mod learn;
 mod partition_stage;
 pub mod record;
 mod reduce_stage;
 
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION};
 pub use learn::{GpStreams, LearnGp};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;

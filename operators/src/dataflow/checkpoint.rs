@@ -1,0 +1,206 @@
+//! Checkpoints at epoch boundaries: the learner after an epoch's update and
+//! the source positions that update reflects, versioned, written atomically
+//! (temporary file, fsync, rename), so that a restarted pipeline resumes after
+//! the last epoch it applied.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::StreamVec;
+
+use super::reduce_stage::ModelUpdate;
+use crate::model::SequentialLearner;
+
+/// The checkpoint format this code writes; older ones it can read.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Checkpoint<P> {
+    pub version: u32,
+    /// The last epoch the learner has applied.
+    pub epoch: u64,
+    pub learner: SequentialLearner,
+    /// Each worker's source position after `epoch`, in worker order.
+    pub positions: Vec<P>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("checkpoint {path} is not a dualgp checkpoint: {source}")]
+    Format { path: PathBuf, source: serde_json::Error },
+    #[error("checkpoint {path} has format version {found}; this dualgp reads up to {CHECKPOINT_VERSION}")]
+    Version { path: PathBuf, found: u32 },
+}
+
+/// A directory of checkpoints `checkpoint-EPOCH.json`, the newest `keep` kept.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    dir: PathBuf,
+    keep: usize,
+}
+
+impl CheckpointStore {
+    pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Result<Self, CheckpointError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| io(&dir, source))?;
+        Ok(CheckpointStore { dir, keep: keep.max(1) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `checkpoint` so that a crash leaves either the old set or the new one.
+    pub fn save<P: Serialize>(&self, checkpoint: &Checkpoint<P>) -> Result<PathBuf, CheckpointError> {
+        let path = self.dir.join(format!("checkpoint-{:020}.json", checkpoint.epoch));
+        let temp = self
+            .dir
+            .join(format!(".checkpoint-{:020}.json.partial", checkpoint.epoch));
+        let bytes = serde_json::to_vec(checkpoint).map_err(|source| CheckpointError::Format {
+            path: path.clone(),
+            source,
+        })?;
+        let write = || -> std::io::Result<()> {
+            let mut file = fs::File::create(&temp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            fs::rename(&temp, &path)?;
+            fs::File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(|source| io(&path, source))?;
+        for old in self.epochs()?.into_iter().rev().skip(self.keep) {
+            let _ = fs::remove_file(self.path_of(old));
+        }
+        Ok(path)
+    }
+
+    /// The newest checkpoint, if any.
+    pub fn latest<P: DeserializeOwned>(&self) -> Result<Option<Checkpoint<P>>, CheckpointError> {
+        let Some(&epoch) = self.epochs()?.last() else {
+            return Ok(None);
+        };
+        let path = self.path_of(epoch);
+        let bytes = fs::read(&path).map_err(|source| io(&path, source))?;
+        #[derive(Deserialize)]
+        struct Header {
+            version: u32,
+        }
+        let format = |source| CheckpointError::Format {
+            path: path.clone(),
+            source,
+        };
+        let header: Header = serde_json::from_slice(&bytes).map_err(format)?;
+        if header.version > CHECKPOINT_VERSION {
+            return Err(CheckpointError::Version {
+                path,
+                found: header.version,
+            });
+        }
+        let mut checkpoint: Checkpoint<P> = serde_json::from_slice(&bytes).map_err(format)?;
+        checkpoint.learner.ensure_factors().map_err(|e| CheckpointError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(Some(checkpoint))
+    }
+
+    fn path_of(&self, epoch: u64) -> PathBuf {
+        self.dir.join(format!("checkpoint-{epoch:020}.json"))
+    }
+
+    /// Epochs with a complete checkpoint, oldest first.
+    fn epochs(&self) -> Result<Vec<u64>, CheckpointError> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| io(&self.dir, source))?;
+        let mut epochs: Vec<u64> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|name| name.strip_prefix("checkpoint-")?.strip_suffix(".json")?.parse().ok())
+            .collect();
+        epochs.sort_unstable();
+        Ok(epochs)
+    }
+}
+
+fn io(path: &Path, source: std::io::Error) -> CheckpointError {
+    CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub trait WriteCheckpoints<'scope> {
+    /// Saves a checkpoint for every model update once every worker has
+    /// reported its source position for that epoch (`positions`: `(worker,
+    /// position)` at the epoch). Emits the saved epochs, or why saving failed.
+    fn write_checkpoints<P>(
+        self,
+        positions: StreamVec<'scope, u64, (usize, P)>,
+        store: CheckpointStore,
+    ) -> StreamVec<'scope, u64, Result<u64, String>>
+    where
+        P: timely::ExchangeData + Clone + Serialize;
+}
+
+impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
+    fn write_checkpoints<P>(
+        self,
+        positions: StreamVec<'scope, u64, (usize, P)>,
+        store: CheckpointStore,
+    ) -> StreamVec<'scope, u64, Result<u64, String>>
+    where
+        P: timely::ExchangeData + Clone + Serialize,
+    {
+        let to_first = Exchange::new(|_: &(usize, P)| 0);
+        self.binary_frontier(positions, Pipeline, to_first, "GpCheckpoint", move |_, _| {
+            let mut updates: BTreeMap<u64, (timely::dataflow::operators::Capability<u64>, ModelUpdate)> =
+                BTreeMap::new();
+            let mut reported: BTreeMap<u64, Vec<(usize, P)>> = BTreeMap::new();
+            move |(updates_in, updates_frontier), (positions_in, positions_frontier), output| {
+                updates_in.for_each_stamp(|cap, data| {
+                    if let Some(cap) = cap.retain_least(output.output_index()) {
+                        for update in data.flat_map(|d| d.drain(..)) {
+                            updates.insert(*cap.time(), (cap.clone(), update));
+                        }
+                    }
+                });
+                positions_in.for_each_stamp(|cap, data| {
+                    if let Some(time) = cap.least() {
+                        reported
+                            .entry(*time)
+                            .or_default()
+                            .extend(data.flat_map(|d| d.drain(..)));
+                    }
+                });
+                while let Some(entry) = updates.first_entry() {
+                    let epoch = *entry.key();
+                    if updates_frontier.less_equal(&epoch) || positions_frontier.less_equal(&epoch) {
+                        break;
+                    }
+                    let (cap, update) = entry.remove();
+                    let mut at = reported.remove(&epoch).unwrap_or_default();
+                    at.sort_by_key(|p| p.0);
+                    let checkpoint = Checkpoint {
+                        version: CHECKPOINT_VERSION,
+                        epoch,
+                        learner: update.learner,
+                        positions: at.into_iter().map(|p| p.1).collect(),
+                    };
+                    let saved = store.save(&checkpoint).map(|_| epoch).map_err(|e| e.to_string());
+                    output.session(&cap).give(saved);
+                }
+                // Positions of epochs without an update are not needed.
+                let done = |t: &u64| {
+                    !updates_frontier.less_equal(t) && !positions_frontier.less_equal(t) && !updates.contains_key(t)
+                };
+                reported.retain(|t, _| !done(t));
+            }
+        })
+    }
+}
