@@ -7,6 +7,24 @@
 //! memory points, the answers are merged in worker order, and so on until the
 //! update is done. Results do not depend on the number of workers beyond
 //! floating-point rounding.
+//!
+//! ```
+//! use dualgp_operators::dataflow::{LearnGp, Record};
+//! use dualgp_operators::model::{Family, Kernel, Likelihood, SequentialConfig, SequentialLearner};
+//! use timely::dataflow::operators::{Inspect, ToStream};
+//!
+//! let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.5]);
+//! let likelihood = Likelihood::Gaussian { variance: 0.1 };
+//! let learner = SequentialLearner::new(kernel, likelihood, SequentialConfig::default()).unwrap();
+//! timely::example(move |scope| {
+//!     // One epoch of 300 labelled records: scored with the prior, then learned.
+//!     let records = (0..300).map(|i| Record::new(i, vec![i as f64 / 50.0], Some((i as f64 / 50.0).sin())));
+//!     let gp = records.to_stream(scope).container::<Vec<_>>().learn_gp(learner, 1);
+//!     gp.updates.inspect(|u| assert_eq!(u.learner.n_seen, 300));
+//! });
+//! ```
+//!
+//! A complete program, run on several workers, is `operators/examples/embed.rs`.
 
 pub mod checkpoint;
 mod learn;

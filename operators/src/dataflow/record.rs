@@ -14,6 +14,12 @@ pub struct Record {
     pub label: Option<f64>,
 }
 
+impl Record {
+    pub fn new(id: i64, features: Vec<f64>, label: Option<f64>) -> Self {
+        Record { id, features, label }
+    }
+}
+
 /// The predictive distribution of one record's `y`, made with the model of
 /// the epochs before `epoch` (score first, then learn).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
