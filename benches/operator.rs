@@ -84,7 +84,7 @@ fn operator(epochs: &[Vec<Record>], workers: usize) -> f64 {
             }
             input.advance_to(e as u64 + 1);
             while probe.less_than(input.time()) {
-                worker.step();
+                worker.step_or_park(None);
             }
         }
     })

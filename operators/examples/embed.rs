@@ -28,7 +28,7 @@ fn main() {
             }
             input.advance_to(epoch + 1);
             while probe.less_than(input.time()) {
-                worker.step();
+                worker.step_or_park(None);
             }
         }
     })
