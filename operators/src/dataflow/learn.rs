@@ -1,10 +1,10 @@
 //! The extension trait that puts a sequential GP learner into a stream.
 
 use timely::dataflow::operators::vec::{Broadcast, Map};
-use timely::dataflow::operators::{ConnectLoop, Enter, Feedback, Leave, OkErr};
+use timely::dataflow::operators::{Concat, ConnectLoop, Enter, Feedback, Leave, OkErr};
 use timely::dataflow::StreamVec;
 
-use super::partition_stage::{partition_stage, StageOutput};
+use super::partition_stage::{partition_stage, Arrival, StageOutput};
 use super::record::{Prediction, Record, Rejected};
 use super::reduce_stage::{reduce_stage, ModelUpdate, ReduceOutput};
 use super::Round;
@@ -25,13 +25,36 @@ pub trait LearnGp<'scope> {
     /// time. `learner` is the starting state (fresh or a checkpoint), the same
     /// on every worker; records have `features` inputs.
     fn learn_gp(self, learner: SequentialLearner, features: usize) -> GpStreams<'scope>;
+
+    /// [`learn_gp`](Self::learn_gp), and also learns from `late`: labelled
+    /// records that were scored earlier, when their features came (see
+    /// [`delayed_labels`](super::delayed_labels)).
+    fn learn_gp_late(
+        self,
+        late: StreamVec<'scope, u64, Record>,
+        learner: SequentialLearner,
+        features: usize,
+    ) -> GpStreams<'scope>;
 }
 
 impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
     fn learn_gp(self, learner: SequentialLearner, features: usize) -> GpStreams<'scope> {
+        let none = timely::dataflow::operators::generic::operator::empty(self.scope());
+        self.learn_gp_late(none, learner, features)
+    }
+
+    fn learn_gp_late(
+        self,
+        late: StreamVec<'scope, u64, Record>,
+        learner: SequentialLearner,
+        features: usize,
+    ) -> GpStreams<'scope> {
         let outer = self.scope();
+        let scored = self.map(|record| Arrival { record, score: true });
+        let learned = late.map(|record| Arrival { record, score: false });
+        let arrivals = scored.concat(learned);
         outer.scoped::<Round, _, _>("GpLearner", |inner| {
-            let records = self.enter(inner);
+            let records = arrivals.enter(inner);
             let (next_round, queries) = inner.feedback((0, 1));
             let prior = (learner.kernel().clone(), learner.likelihood.clone());
             let staged = partition_stage(records, queries.broadcast(), learner.snapshot(), prior, features);

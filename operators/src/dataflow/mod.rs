@@ -27,12 +27,14 @@
 //! A complete program, run on several workers, is `operators/examples/embed.rs`.
 
 pub mod checkpoint;
+mod delayed;
 mod learn;
 mod partition_stage;
 pub mod record;
 mod reduce_stage;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION};
+pub use delayed::delayed_labels;
 pub use learn::{GpStreams, LearnGp};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;

@@ -44,14 +44,22 @@ impl Scorer {
     }
 }
 
+/// A record entering the operator: scored (and learned from if labelled), or
+/// only learned from (a label that came after its features were scored).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct Arrival {
+    pub record: Record,
+    pub score: bool,
+}
+
 /// Records of one epoch, held until they can be scored.
 struct Pending {
     capability: Capability<Round>,
-    records: Vec<Record>,
+    arrivals: Vec<Arrival>,
 }
 
 pub(super) fn partition_stage<'scope>(
-    records: StreamVec<'scope, Round, Record>,
+    records: StreamVec<'scope, Round, Arrival>,
     queries: StreamVec<'scope, Round, Query>,
     initial: Option<Snapshot>,
     prior: (Kernel, Likelihood),
@@ -63,7 +71,7 @@ pub(super) fn partition_stage<'scope>(
         index: worker,
         peers: scope.peers(),
     };
-    let by_owner = Exchange::new(|r: &Record| crate::model::shard::route(r.id));
+    let by_owner = Exchange::new(|a: &Arrival| crate::model::shard::route(a.record.id));
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
         let likelihood = prior.1.clone();
         let mut scorer = match initial {
@@ -89,9 +97,9 @@ pub(super) fn partition_stage<'scope>(
                 let epoch = cap.time().0;
                 let entry = pending.entry(epoch).or_insert_with(|| Pending {
                     capability: cap,
-                    records: Vec::new(),
+                    arrivals: Vec::new(),
                 });
-                entry.records.extend(data.flat_map(|d| d.drain(..)));
+                entry.arrivals.extend(data.flat_map(|d| d.drain(..)));
             });
             queries.for_each_stamp(|cap, data| {
                 if let Some(cap) = cap.retain_least(output.output_index()) {
@@ -137,25 +145,26 @@ pub(super) fn partition_stage<'scope>(
                 if record_frontier.less_equal(&start) || earlier_update_running {
                     break;
                 }
-                let Pending { capability, records } = entry.remove();
+                let Pending { capability, arrivals } = entry.remove();
                 let epoch = start.0;
                 let mut session = output.session(&capability);
-                let mut accepted = Vec::with_capacity(records.len());
-                for record in records {
+                let mut accepted = Vec::with_capacity(arrivals.len());
+                for Arrival { record, score } in arrivals {
                     match check(&record, features, &likelihood) {
-                        Ok(()) => accepted.push(record),
+                        Ok(()) => accepted.push((record, score)),
                         Err(reason) => session.give(StageOutput::Rejected(Rejected { epoch, record, reason })),
                     }
                 }
-                let x = DMatrix::from_fn(accepted.len(), features, |i, j| accepted[i].features[j]);
-                for (record, predictive) in accepted.iter().zip(scorer.predict(&x)) {
+                let scored: Vec<&Record> = accepted.iter().filter(|a| a.1).map(|a| &a.0).collect();
+                let x = DMatrix::from_fn(scored.len(), features, |i, j| scored[i].features[j]);
+                for (record, predictive) in scored.iter().zip(scorer.predict(&x)) {
                     session.give(StageOutput::Prediction(Prediction {
                         id: record.id,
                         epoch,
                         predictive,
                     }));
                 }
-                let labelled: Vec<&Record> = accepted.iter().filter(|r| r.label.is_some()).collect();
+                let labelled: Vec<&Record> = accepted.iter().map(|a| &a.0).filter(|r| r.label.is_some()).collect();
                 if !labelled.is_empty() {
                     let ids: Vec<i64> = labelled.iter().map(|r| r.id).collect();
                     let x = DMatrix::from_fn(labelled.len(), features, |i, j| labelled[i].features[j]);
