@@ -1,8 +1,41 @@
 //! Parquet and Kafka sources and sinks for dualgp, as Arrow.
 //!
-//! [`table`] reads a whole Parquet data set (ids, folds, features, labels)
-//! into a small columnar [`Table`] for the evaluation protocols.
+//! - [`table`] reads a whole Parquet data set into a [`Table`] (for `dualgp eval`).
+//! - [`mapping`] says which columns make a record; [`arrow_decode`] turns
+//!   Arrow batches into records and bad rows into [`DeadLetter`]s.
+//! - [`parquet_source`] streams a Parquet file epoch by epoch, one share of
+//!   row groups per worker, resumable from a [`ParquetPosition`].
+//! - [`parquet_sink`] writes predictions and dead letters to Parquet files
+//!   that appear only when complete.
+//! - [`kafka`] (feature `kafka`, on by default): a source of a worker's
+//!   partitions with offsets per epoch, prediction and dead-letter producers.
+//!
+//! Nothing here knows about timely: a source operator drives a source per
+//! worker with `next_epoch()` and uses the epoch as its timestamp.
 
+pub mod arrow_decode;
+pub mod atomic_parquet;
+pub mod dead_letter;
+pub mod epoch;
+pub mod error;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+pub mod mapping;
+pub mod parquet_sink;
+pub mod parquet_source;
 pub mod table;
 
-pub use table::{shared_data, shared_dir, Column, ColumnSpec, Features, Table, TableError};
+pub use arrow_decode::{ArrowDecoder, DecodedRow, SchemaError};
+pub use atomic_parquet::partial_path;
+pub use dead_letter::{Counters, DeadLetter, Origin, Reason, ReasonKind};
+pub use epoch::{EpochPart, WorkerShare};
+pub use error::{SinkError, SourceError};
+#[cfg(feature = "kafka")]
+pub use kafka::{
+    DeadLetterProducer, KafkaConnection, KafkaError, KafkaPosition, KafkaSource, KafkaSourceConfig, MessageFormat,
+    PredictionProducer, StartOffset,
+};
+pub use mapping::{ColumnMapping, LabelKind};
+pub use parquet_sink::{DeadLetterWriter, PredictionLayout, PredictionWriter};
+pub use parquet_source::{EpochRule, ParquetPosition, ParquetSource, ParquetSourceConfig};
+pub use table::{shared_data, shared_dir, Column, ColumnSpec, Features, Table, TableError, UnresolvedFeatures};

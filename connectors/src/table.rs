@@ -17,6 +17,7 @@ use arrow::datatypes::{DataType, Float64Type, Int64Type, Schema};
 use nalgebra::DMatrix;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
+use serde::{Deserialize, Serialize};
 
 /// Why a [`Table`] could not be read. Each message is one line saying what to change.
 #[derive(Debug, thiserror::Error)]
@@ -102,13 +103,75 @@ pub enum TableError {
 }
 
 /// How to choose the feature columns.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// In TOML: `features = { prefix = "x" }` or `features = { names = ["a", "b"] }`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Features {
     /// Every column named `PREFIX<N>` (N decimal digits), ordered by N
     /// numerically (`x2` before `x10`).
     Prefix(String),
     /// Exactly these columns, in this order.
     Names(Vec<String>),
+}
+
+/// Why [`Features::resolve`] found no usable feature columns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnresolvedFeatures {
+    /// `Names` was an empty list.
+    Empty,
+    /// A named column is not there.
+    Missing(String),
+    /// No column is called `PREFIX<N>`.
+    NoneWithPrefix(String),
+}
+
+impl UnresolvedFeatures {
+    /// What was looked for, for an error message.
+    pub fn wanted(&self) -> String {
+        match self {
+            UnresolvedFeatures::Empty => "(the list of feature names is empty)".into(),
+            UnresolvedFeatures::Missing(name) => format!("named {name}"),
+            UnresolvedFeatures::NoneWithPrefix(prefix) => format!("named {prefix}<N> (e.g. {prefix}0, {prefix}1)"),
+        }
+    }
+}
+
+impl Features {
+    /// The feature columns among `available`, in feature order.
+    pub fn resolve(&self, available: &[&str]) -> Result<Vec<String>, UnresolvedFeatures> {
+        match self {
+            Features::Names(names) => {
+                if names.is_empty() {
+                    return Err(UnresolvedFeatures::Empty);
+                }
+                if let Some(m) = names.iter().find(|n| !available.contains(&n.as_str())) {
+                    return Err(UnresolvedFeatures::Missing(m.clone()));
+                }
+                Ok(names.clone())
+            }
+            Features::Prefix(prefix) => {
+                let mut found: Vec<(u128, &str)> = available
+                    .iter()
+                    .filter_map(|&name| Some((prefixed_index(prefix, name)?, name)))
+                    .collect();
+                found.sort();
+                if found.is_empty() {
+                    return Err(UnresolvedFeatures::NoneWithPrefix(prefix.clone()));
+                }
+                Ok(found.into_iter().map(|(_, n)| n.to_owned()).collect())
+            }
+        }
+    }
+}
+
+/// `N` when `name` is `PREFIX<N>` with N decimal digits (huge N sorts last).
+pub(crate) fn prefixed_index(prefix: &str, name: &str) -> Option<u128> {
+    let rest = name.strip_prefix(prefix)?;
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(rest.parse::<u128>().unwrap_or(u128::MAX))
 }
 
 /// Whether a column is read, and whether it must be there.
@@ -272,42 +335,15 @@ impl Table {
         let has = |name: &str| available.iter().any(|a| a == name);
 
         // Decide which columns to read.
-        let feature_names = match &spec.features {
-            Features::Names(names) => {
-                if names.is_empty() {
-                    return Err(TableError::NoFeatures {
-                        path: path.to_owned(),
-                        wanted: "(the list of feature names is empty)".into(),
-                        available: available.clone(),
-                    });
-                }
-                if let Some(m) = names.iter().find(|n| !has(n)) {
-                    return Err(missing(m));
-                }
-                names.clone()
-            }
-            Features::Prefix(prefix) => {
-                let mut found: Vec<(u128, &String)> = available
-                    .iter()
-                    .filter_map(|name| {
-                        let rest = name.strip_prefix(prefix.as_str())?;
-                        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
-                            return None;
-                        }
-                        Some((rest.parse::<u128>().unwrap_or(u128::MAX), name))
-                    })
-                    .collect();
-                found.sort();
-                if found.is_empty() {
-                    return Err(TableError::NoFeatures {
-                        path: path.to_owned(),
-                        wanted: format!("named {prefix}<N> (e.g. {prefix}0, {prefix}1)"),
-                        available: available.clone(),
-                    });
-                }
-                found.into_iter().map(|(_, n)| n.clone()).collect()
-            }
-        };
+        let names: Vec<&str> = available.iter().map(String::as_str).collect();
+        let feature_names = spec.features.resolve(&names).map_err(|e| match e {
+            UnresolvedFeatures::Missing(column) => missing(&column),
+            other => TableError::NoFeatures {
+                path: path.to_owned(),
+                wanted: other.wanted(),
+                available: available.clone(),
+            },
+        })?;
         if !has(&spec.id) {
             return Err(missing(&spec.id));
         }

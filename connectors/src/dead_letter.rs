@@ -1,0 +1,224 @@
+//! Records that could not be used: where they came from, what they were, and why.
+//!
+//! A bad record never stops a stream: it becomes a [`DeadLetter`], the
+//! [`Counters`] count it by [`ReasonKind`], and decoding goes on.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a record came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case")]
+pub enum Origin {
+    /// Row `row` (0-based, in file order) of a file.
+    File { path: String, row: u64 },
+    /// A Kafka message; `row` is the row inside an Arrow IPC message.
+    Kafka {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        row: Option<u32>,
+    },
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, row } => write!(f, "{path} row {row}"),
+            Origin::Kafka {
+                topic,
+                partition,
+                offset,
+                row,
+            } => {
+                write!(f, "{topic}/{partition}@{offset}")?;
+                match row {
+                    Some(r) => write!(f, " row {r}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Why a record was rejected. Numbers are kept as text so that NaN and
+/// infinities survive JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    #[error("field `{field}` is missing")]
+    MissingField { field: String },
+    #[error("`{field}` is null")]
+    Null { field: String },
+    #[error("`{field}` is {value}, not a finite number")]
+    NonFinite { field: String, value: String },
+    #[error("`{field}` has the wrong type: expected {expected}, found {found}")]
+    WrongType {
+        field: String,
+        expected: String,
+        found: String,
+    },
+    #[error("label {value} is invalid: expected {expected}")]
+    InvalidLabel { value: String, expected: String },
+    #[error("id {value} does not fit in int64")]
+    IdOutOfRange { value: String },
+    #[error("features {found} do not match the stream's {expected}")]
+    FeatureMismatch { expected: String, found: String },
+    #[error("cannot decode the message: {detail}")]
+    Undecodable { detail: String },
+    #[error("event time {time} falls in window {window}, but the stream has already reached window {watermark}")]
+    Late { time: String, window: u64, watermark: u64 },
+}
+
+/// The kind of a [`Reason`], for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonKind {
+    MissingField,
+    Null,
+    NonFinite,
+    WrongType,
+    InvalidLabel,
+    IdOutOfRange,
+    FeatureMismatch,
+    Undecodable,
+    Late,
+}
+
+impl ReasonKind {
+    /// The snake_case name, as in JSON and in the dead-letter sinks.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonKind::MissingField => "missing_field",
+            ReasonKind::Null => "null",
+            ReasonKind::NonFinite => "non_finite",
+            ReasonKind::WrongType => "wrong_type",
+            ReasonKind::InvalidLabel => "invalid_label",
+            ReasonKind::IdOutOfRange => "id_out_of_range",
+            ReasonKind::FeatureMismatch => "feature_mismatch",
+            ReasonKind::Undecodable => "undecodable",
+            ReasonKind::Late => "late",
+        }
+    }
+}
+
+impl fmt::Display for ReasonKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Reason {
+    pub fn kind(&self) -> ReasonKind {
+        match self {
+            Reason::MissingField { .. } => ReasonKind::MissingField,
+            Reason::Null { .. } => ReasonKind::Null,
+            Reason::NonFinite { .. } => ReasonKind::NonFinite,
+            Reason::WrongType { .. } => ReasonKind::WrongType,
+            Reason::InvalidLabel { .. } => ReasonKind::InvalidLabel,
+            Reason::IdOutOfRange { .. } => ReasonKind::IdOutOfRange,
+            Reason::FeatureMismatch { .. } => ReasonKind::FeatureMismatch,
+            Reason::Undecodable { .. } => ReasonKind::Undecodable,
+            Reason::Late { .. } => ReasonKind::Late,
+        }
+    }
+}
+
+/// A rejected record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub origin: Origin,
+    /// The record as text: the message itself, or the row's columns as JSON.
+    pub payload: String,
+    pub reason: Reason,
+}
+
+/// How many records a source decoded, and how many it rejected, by reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub records: u64,
+    pub dead_letters: BTreeMap<ReasonKind, u64>,
+}
+
+impl Counters {
+    pub fn total_dead_letters(&self) -> u64 {
+        self.dead_letters.values().sum()
+    }
+
+    /// Count one epoch part's output.
+    pub fn add(&mut self, records: usize, dead_letters: &[DeadLetter]) {
+        self.records += records as u64;
+        for d in dead_letters {
+            *self.dead_letters.entry(d.reason.kind()).or_default() += 1;
+        }
+    }
+
+    /// Add another worker's counters.
+    pub fn merge(&mut self, other: &Counters) {
+        self.records += other.records;
+        for (k, n) in &other.dead_letters {
+            *self.dead_letters.entry(*k).or_default() += n;
+        }
+    }
+}
+
+/// A number for a [`Reason`]: the shortest text that reads back the same value.
+pub(crate) fn number_text(v: f64) -> String {
+    format!("{v}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_json_with_their_kind() {
+        let r = Reason::NonFinite {
+            field: "x3".into(),
+            value: number_text(f64::NAN),
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"kind\":\"non_finite\""), "{json}");
+        assert_eq!(serde_json::from_str::<Reason>(&json).unwrap(), r);
+        assert_eq!(r.to_string(), "`x3` is NaN, not a finite number");
+    }
+
+    #[test]
+    fn counters_count_by_kind_and_merge() {
+        let dl = |reason| DeadLetter {
+            origin: Origin::File {
+                path: "f".into(),
+                row: 0,
+            },
+            payload: String::new(),
+            reason,
+        };
+        let mut a = Counters::default();
+        a.add(3, &[dl(Reason::Null { field: "x0".into() })]);
+        let mut b = Counters::default();
+        b.add(
+            2,
+            &[
+                dl(Reason::Null { field: "x1".into() }),
+                dl(Reason::Undecodable { detail: "eof".into() }),
+            ],
+        );
+        a.merge(&b);
+        assert_eq!(a.records, 5);
+        assert_eq!(a.dead_letters[&ReasonKind::Null], 2);
+        assert_eq!(a.total_dead_letters(), 3);
+    }
+
+    #[test]
+    fn origins_read_well() {
+        let k = Origin::Kafka {
+            topic: "in".into(),
+            partition: 2,
+            offset: 17,
+            row: Some(4),
+        };
+        assert_eq!(k.to_string(), "in/2@17 row 4");
+    }
+}

@@ -1,0 +1,42 @@
+//! What a source hands a worker each epoch, and which share of the input is whose.
+
+use dualgp_operators::dataflow::Record;
+use serde::{Deserialize, Serialize};
+
+use crate::dead_letter::DeadLetter;
+
+/// One worker's share of the input: worker `index` of `peers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerShare {
+    pub index: usize,
+    pub peers: usize,
+}
+
+impl WorkerShare {
+    /// The whole input, for a single reader.
+    pub const ALONE: WorkerShare = WorkerShare { index: 0, peers: 1 };
+
+    pub fn new(index: usize, peers: usize) -> Self {
+        WorkerShare { index, peers }
+    }
+
+    /// Whether unit `unit` (a row group, a partition) is this worker's:
+    /// units are dealt round-robin.
+    pub fn owns(&self, unit: usize) -> bool {
+        unit % self.peers == self.index
+    }
+
+    pub(crate) fn is_valid(&self) -> bool {
+        self.peers > 0 && self.index < self.peers
+    }
+}
+
+/// One worker's part of one epoch: its records (in input order), its dead
+/// letters, and the position to resume from once this epoch is checkpointed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochPart<P> {
+    pub epoch: u64,
+    pub records: Vec<Record>,
+    pub dead_letters: Vec<DeadLetter>,
+    pub position: P,
+}

@@ -1,0 +1,466 @@
+//! Kafka message payloads to records: JSON objects (one record each, the
+//! `dualgp serve` contract) or Arrow IPC streams (many rows each, for
+//! high-volume producers). A message that cannot be used becomes a dead letter.
+
+use std::io::Cursor;
+
+use arrow::ipc::reader::StreamReader;
+use dualgp_operators::dataflow::Record;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::arrow_decode::ArrowDecoder;
+use crate::dead_letter::{DeadLetter, Origin, Reason};
+use crate::mapping::ColumnMapping;
+use crate::table::{prefixed_index, Features};
+
+/// How message payloads are encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageFormat {
+    /// Decide per message: an Arrow IPC stream starts with `0xFFFFFFFF`, anything else is read as JSON.
+    #[default]
+    Auto,
+    Json,
+    ArrowIpc,
+}
+
+/// Where a message came from.
+#[derive(Clone, Copy, Debug)]
+pub struct MessageOrigin<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl MessageOrigin<'_> {
+    fn at(&self, row: Option<u32>) -> Origin {
+        Origin::Kafka {
+            topic: self.topic.to_owned(),
+            partition: self.partition,
+            offset: self.offset,
+            row,
+        }
+    }
+}
+
+/// Dead-letter payloads are capped so one huge message cannot flood the sink.
+const MAX_PAYLOAD_TEXT: usize = 64 * 1024;
+const IPC_CONTINUATION: [u8; 4] = [0xFF; 4];
+
+/// Decodes messages with one [`ColumnMapping`]. With features given by
+/// prefix and no dimension, the first decodable message fixes the feature
+/// names; later messages with other features are dead letters.
+#[derive(Clone, Debug)]
+pub struct MessageDecoder {
+    mapping: ColumnMapping,
+    format: MessageFormat,
+    /// Feature names, once known (given, or fixed by the first message).
+    features: Option<Vec<String>>,
+    /// Whether `features` was inferred from a prefix (then every message's
+    /// prefixed keys are checked against it).
+    inferred: bool,
+}
+
+impl MessageDecoder {
+    pub fn new(mapping: &ColumnMapping, format: MessageFormat) -> Self {
+        let mut mapping = mapping.clone();
+        // Kafka epochs are cut by count and time, not by an event-time column.
+        mapping.event_time = None;
+        MessageDecoder {
+            features: mapping.known_feature_names(),
+            inferred: false,
+            mapping,
+            format,
+        }
+    }
+
+    /// The feature names, once known.
+    pub fn feature_names(&self) -> Option<&[String]> {
+        self.features.as_deref()
+    }
+
+    /// Decode one message into `records`, or into `dead` with the reason.
+    pub fn decode(
+        &mut self,
+        payload: Option<&[u8]>,
+        origin: MessageOrigin<'_>,
+        records: &mut Vec<Record>,
+        dead: &mut Vec<DeadLetter>,
+    ) {
+        let bytes = payload.unwrap_or_default();
+        let is_ipc = match self.format {
+            MessageFormat::Json => false,
+            MessageFormat::ArrowIpc => true,
+            MessageFormat::Auto => bytes.starts_with(&IPC_CONTINUATION),
+        };
+        if bytes.is_empty() {
+            dead.push(DeadLetter {
+                origin: origin.at(None),
+                payload: String::new(),
+                reason: Reason::Undecodable {
+                    detail: "empty message".into(),
+                },
+            });
+        } else if is_ipc {
+            self.decode_ipc(bytes, origin, records, dead);
+        } else {
+            match self.decode_json(bytes) {
+                Ok(r) => records.push(r),
+                Err(reason) => dead.push(DeadLetter {
+                    origin: origin.at(None),
+                    payload: payload_text(bytes),
+                    reason,
+                }),
+            }
+        }
+    }
+
+    fn decode_json(&mut self, bytes: &[u8]) -> Result<Record, Reason> {
+        let obj: Map<String, Value> = serde_json::from_slice(bytes).map_err(|e| Reason::Undecodable {
+            detail: format!("not a JSON object: {e}"),
+        })?;
+        let id = integer(&obj, &self.mapping.id)?;
+        let names = self.json_feature_names(&obj)?;
+        let features = names.iter().map(|n| number(&obj, n)).collect::<Result<Vec<f64>, _>>()?;
+        let label = match &self.mapping.label {
+            Some(l) if !matches!(obj.get(l), None | Some(Value::Null)) => {
+                let y = number(&obj, l)?;
+                self.mapping.labels.check(y)?;
+                Some(y)
+            }
+            _ => None,
+        };
+        if self.features.is_none() {
+            self.features = Some(names);
+            self.inferred = true;
+        }
+        Ok(Record { id, features, label })
+    }
+
+    /// This message's feature names: the known ones, or `PREFIX0..` from its keys.
+    fn json_feature_names(&self, obj: &Map<String, Value>) -> Result<Vec<String>, Reason> {
+        let Features::Prefix(prefix) = &self.mapping.features else {
+            return Ok(self.features.clone().unwrap_or_default());
+        };
+        if self.features.is_some() && !self.inferred {
+            return Ok(self.features.clone().unwrap_or_default());
+        }
+        let mut indices: Vec<u128> = obj.keys().filter_map(|k| prefixed_index(prefix, k)).collect();
+        indices.sort_unstable();
+        let contiguous = indices.iter().enumerate().all(|(i, &n)| i as u128 == n);
+        let found = || {
+            let keys: Vec<String> = indices.iter().map(|i| format!("{prefix}{i}")).collect();
+            format!("[{}]", keys.join(","))
+        };
+        match &self.features {
+            Some(known) if known.len() != indices.len() || !contiguous => Err(Reason::FeatureMismatch {
+                expected: format!(
+                    "{} features {prefix}0..{prefix}{}",
+                    known.len(),
+                    known.len().saturating_sub(1)
+                ),
+                found: found(),
+            }),
+            Some(known) => Ok(known.clone()),
+            None if indices.is_empty() => Err(Reason::MissingField {
+                field: format!("{prefix}0"),
+            }),
+            None if !contiguous => Err(Reason::FeatureMismatch {
+                expected: format!("features {prefix}0, {prefix}1, … without gaps"),
+                found: found(),
+            }),
+            None => Ok((0..indices.len()).map(|i| format!("{prefix}{i}")).collect()),
+        }
+    }
+
+    fn decode_ipc(
+        &mut self,
+        bytes: &[u8],
+        origin: MessageOrigin<'_>,
+        records: &mut Vec<Record>,
+        dead: &mut Vec<DeadLetter>,
+    ) {
+        let whole = |reason: Reason| DeadLetter {
+            origin: origin.at(None),
+            payload: payload_text(bytes),
+            reason,
+        };
+        let reader = match StreamReader::try_new(Cursor::new(bytes), None) {
+            Ok(r) => r,
+            Err(e) => {
+                return dead.push(whole(Reason::Undecodable {
+                    detail: format!("not an Arrow IPC stream: {e}"),
+                }))
+            }
+        };
+        let mut mapping = self.mapping.clone();
+        if let Some(known) = &self.features {
+            mapping.dimension = Some(known.len());
+        }
+        let decoder = match ArrowDecoder::new(&mapping, &reader.schema()) {
+            Ok(d) => d,
+            Err(e) => return dead.push(whole(e.to_reason())),
+        };
+        if let Some(known) = &self.features {
+            if known.as_slice() != decoder.feature_names() {
+                return dead.push(whole(Reason::FeatureMismatch {
+                    expected: known.join(","),
+                    found: decoder.feature_names().join(","),
+                }));
+            }
+        }
+        let mut row = 0u32;
+        let mut decoded = Vec::new();
+        for batch in reader {
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    dead.push(whole(Reason::Undecodable {
+                        detail: format!("Arrow IPC batch after row {row}: {e}"),
+                    }));
+                    break;
+                }
+            };
+            let base = row;
+            let at = |r: usize| origin.at(Some(base + r as u32));
+            if let Err(e) = decoder.decode(&batch, &at, &mut decoded, dead) {
+                dead.push(whole(e.to_reason()));
+                break;
+            }
+            row += batch.num_rows() as u32;
+        }
+        if !decoded.is_empty() && self.features.is_none() {
+            self.features = Some(decoder.feature_names().to_vec());
+            self.inferred = true;
+        }
+        records.extend(decoded.into_iter().map(|d| d.record));
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a Value, Reason> {
+    match obj.get(name) {
+        None => Err(Reason::MissingField { field: name.into() }),
+        Some(Value::Null) => Err(Reason::Null { field: name.into() }),
+        Some(v) => Ok(v),
+    }
+}
+
+fn number(obj: &Map<String, Value>, name: &str) -> Result<f64, Reason> {
+    match field(obj, name)? {
+        // JSON numbers are always finite; a huge one parses as infinity.
+        Value::Number(n) => n.as_f64().filter(|v| v.is_finite()).ok_or_else(|| Reason::NonFinite {
+            field: name.into(),
+            value: n.to_string(),
+        }),
+        other => Err(Reason::WrongType {
+            field: name.into(),
+            expected: "a number".into(),
+            found: type_name(other).into(),
+        }),
+    }
+}
+
+fn integer(obj: &Map<String, Value>, name: &str) -> Result<i64, Reason> {
+    match field(obj, name)? {
+        Value::Number(n) if n.is_i64() => Ok(n.as_i64().unwrap_or_default()),
+        Value::Number(n) if n.is_u64() => Err(Reason::IdOutOfRange { value: n.to_string() }),
+        other => Err(Reason::WrongType {
+            field: name.into(),
+            expected: "an integer".into(),
+            found: match other {
+                Value::Number(n) => format!("{n}"),
+                v => type_name(v).into(),
+            },
+        }),
+    }
+}
+
+/// A payload as text for a dead letter: UTF-8 as it is, binary as hex.
+fn payload_text(bytes: &[u8]) -> String {
+    let shown = &bytes[..bytes.len().min(MAX_PAYLOAD_TEXT)];
+    let mut text = match std::str::from_utf8(shown) {
+        Ok(s) => s.to_owned(),
+        // Text cut inside its last character by the cap.
+        Err(e) if e.error_len().is_none() => String::from_utf8_lossy(&shown[..e.valid_up_to()]).into_owned(),
+        Err(_) => {
+            let hex: String = shown
+                .iter()
+                .take(MAX_PAYLOAD_TEXT / 2)
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("hex:{hex}")
+        }
+    };
+    if bytes.len() > shown.len() || text.len() > MAX_PAYLOAD_TEXT {
+        text.truncate(text.floor_char_boundary(MAX_PAYLOAD_TEXT));
+        text.push_str(&format!("… ({} bytes in all)", bytes.len()));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
+    use arrow::ipc::writer::StreamWriter;
+    use arrow::record_batch::RecordBatch;
+
+    use super::*;
+    use crate::ReasonKind;
+
+    const AT: MessageOrigin<'static> = MessageOrigin {
+        topic: "in",
+        partition: 0,
+        offset: 9,
+    };
+
+    fn decode(d: &mut MessageDecoder, payload: &[u8]) -> (Vec<Record>, Vec<DeadLetter>) {
+        let (mut r, mut dead) = (Vec::new(), Vec::new());
+        d.decode(Some(payload), AT, &mut r, &mut dead);
+        (r, dead)
+    }
+
+    fn reason(d: &mut MessageDecoder, payload: &str) -> Reason {
+        let (r, dead) = decode(d, payload.as_bytes());
+        assert!(r.is_empty(), "{payload} decoded");
+        assert_eq!(dead[0].payload, payload);
+        dead[0].reason.clone()
+    }
+
+    #[test]
+    fn json_messages_follow_the_serve_contract() {
+        let mut d = MessageDecoder::new(&ColumnMapping::default().with_classes(2), MessageFormat::Auto);
+        let (r, _) = decode(&mut d, br#"{"id": 7, "x1": 2.5, "x0": -1, "y": 1}"#);
+        assert_eq!(
+            r,
+            [Record {
+                id: 7,
+                features: vec![-1.0, 2.5],
+                label: Some(1.0)
+            }]
+        );
+        assert_eq!(d.feature_names().unwrap(), ["x0", "x1"]);
+        // No y: only scored.
+        let (r, _) = decode(&mut d, br#"{"id": 8, "x0": 0, "x1": 0, "y": null}"#);
+        assert_eq!(r[0].label, None);
+
+        let kinds = [
+            ("not json", ReasonKind::Undecodable),
+            ("[1, 2]", ReasonKind::Undecodable),
+            (r#"{"x0": 1, "x1": 2}"#, ReasonKind::MissingField),
+            (r#"{"id": "a", "x0": 1, "x1": 2}"#, ReasonKind::WrongType),
+            (r#"{"id": 1.5, "x0": 1, "x1": 2}"#, ReasonKind::WrongType),
+            (
+                r#"{"id": 18446744073709551615, "x0": 1, "x1": 2}"#,
+                ReasonKind::IdOutOfRange,
+            ),
+            (r#"{"id": 1, "x0": null, "x1": 2}"#, ReasonKind::Null),
+            (r#"{"id": 1, "x0": "NaN", "x1": 2}"#, ReasonKind::WrongType),
+            // serde_json refuses numbers beyond f64 outright.
+            (r#"{"id": 1, "x0": 1e999, "x1": 2}"#, ReasonKind::Undecodable),
+            (r#"{"id": 1, "x0": 1, "x1": 2, "x2": 3}"#, ReasonKind::FeatureMismatch),
+            (r#"{"id": 1, "x0": 1}"#, ReasonKind::FeatureMismatch),
+            (r#"{"id": 1, "x0": 1, "x1": 2, "y": 2}"#, ReasonKind::InvalidLabel),
+            (r#"{"id": 1, "x0": 1, "x1": 2, "y": true}"#, ReasonKind::WrongType),
+        ];
+        for (payload, kind) in kinds {
+            assert_eq!(reason(&mut d, payload).kind(), kind, "{payload}");
+        }
+        let (_, dead) = decode(&mut d, b"");
+        assert_eq!(dead[0].reason.kind(), ReasonKind::Undecodable);
+        let (_, dead) = decode(&mut d, &[0xc3, 0x28, 0x01]);
+        assert_eq!(dead[0].payload, "hex:c32801");
+    }
+
+    #[test]
+    fn named_features_ignore_other_keys() {
+        let mapping = ColumnMapping::default().with_features(["b", "a"]).without_label();
+        let mut d = MessageDecoder::new(&mapping, MessageFormat::Json);
+        let (r, _) = decode(&mut d, br#"{"id": 1, "a": 1, "b": 2, "c": "x", "y": "ignored"}"#);
+        assert_eq!(r[0].features, [2.0, 1.0]);
+        assert_eq!(r[0].label, None);
+        let missing = reason(&mut d, r#"{"id": 1, "a": 1}"#);
+        assert_eq!(missing, Reason::MissingField { field: "b".into() });
+    }
+
+    fn ipc(columns: Vec<(&str, ArrayRef)>) -> Vec<u8> {
+        let schema = Arc::new(Schema::new(
+            columns
+                .iter()
+                .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+                .collect::<Vec<_>>(),
+        ));
+        let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|c| c.1).collect()).unwrap();
+        let mut w = StreamWriter::try_new(Vec::new(), &schema).unwrap();
+        w.write(&batch).unwrap();
+        w.write(&batch.slice(1, 1)).unwrap();
+        w.into_inner().unwrap()
+    }
+
+    #[test]
+    fn arrow_ipc_messages_carry_many_rows() {
+        let mut d = MessageDecoder::new(&ColumnMapping::default(), MessageFormat::Auto);
+        let bytes = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![1, 2, 3]))),
+            (
+                "x0",
+                Arc::new(Float64Array::from(vec![Some(0.5), Some(f64::NAN), None])),
+            ),
+            ("y", Arc::new(Float64Array::from(vec![Some(1.0), Some(2.0), None]))),
+        ]);
+        let (r, dead) = decode(&mut d, &bytes);
+        // Rows 0 and 2 of the first batch, then row 0 of the second (a copy of row 1: NaN).
+        assert_eq!(r.iter().map(|r| r.id).collect::<Vec<_>>(), [1]);
+        let rows: Vec<String> = dead.iter().map(|d| d.origin.to_string()).collect();
+        assert_eq!(rows, ["in/0@9 row 1", "in/0@9 row 2", "in/0@9 row 3"]);
+        assert_eq!(dead[0].reason.kind(), ReasonKind::NonFinite);
+        assert_eq!(dead[1].reason.kind(), ReasonKind::Null);
+        assert_eq!(d.feature_names().unwrap(), ["x0"]);
+
+        // A message of another schema is one dead letter, and the stream goes on.
+        let other = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![4, 5]))),
+            ("x0", Arc::new(StringArray::from(vec!["a", "b"]))),
+        ]);
+        let (r, dead) = decode(&mut d, &other);
+        assert!(r.is_empty());
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason.kind(), ReasonKind::WrongType);
+        assert!(dead[0].payload.starts_with("hex:ffffffff"), "{}", dead[0].payload);
+        let wider = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![4, 5]))),
+            ("x0", Arc::new(Float64Array::from(vec![1.0, 2.0]))),
+            ("x1", Arc::new(Float64Array::from(vec![1.0, 2.0]))),
+        ]);
+        assert_eq!(decode(&mut d, &wider).1[0].reason.kind(), ReasonKind::FeatureMismatch);
+        let truncated = &bytes[..bytes.len() / 2];
+        let (_, dead) = decode(&mut d, truncated);
+        assert!(dead.iter().any(|d| d.reason.kind() == ReasonKind::Undecodable));
+    }
+
+    #[test]
+    fn long_payloads_are_capped() {
+        let long = format!(r#"{{"id": "{}"}}"#, "é".repeat(MAX_PAYLOAD_TEXT));
+        let text = payload_text(long.as_bytes());
+        assert!(text.len() < MAX_PAYLOAD_TEXT + 64);
+        assert!(
+            text.ends_with(&format!("({} bytes in all)", long.len())),
+            "{}",
+            &text[text.len() - 40..]
+        );
+    }
+}
