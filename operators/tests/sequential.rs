@@ -155,7 +155,13 @@ fn reservoir_keeps_points_in_proportion_to_their_scores() {
         for (b, batch) in batches.iter().enumerate() {
             let mut all = kept.clone();
             all.extend(batch.iter().map(|&i| {
-                let u = point_uniform(seed, PointId { batch: b as u64, id: i as i64 });
+                let u = point_uniform(
+                    seed,
+                    PointId {
+                        batch: b as u64,
+                        id: i as i64,
+                    },
+                );
                 (i, reservoir_key(weights[i], u))
             }));
             let keys: Vec<f64> = all.iter().map(|p| p.1).collect();
