@@ -8,12 +8,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dualgp_connectors::{ColumnSpec, Table};
-use dualgp_operators::model::{
-    fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Metrics, OfflineConfig,
-    SequentialConfig, SequentialLearner,
-};
+use dualgp_operators::model::{fit_offline, Data, Likelihood, Metrics, OfflineConfig, OsgprLearner, SequentialLearner};
 use serde::Serialize;
 
+use crate::model_args::{check_workers, ModelArgs};
 use crate::protocol::{fold_split, prepare, Order, Prepared, Split};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -23,34 +21,7 @@ pub enum Method {
     Offline,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Preset {
-    /// The reference implementation's settings (AaltoML/sequential-gp).
-    Reference,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum KernelName {
-    Matern52,
-    Matern32,
-    Matern12,
-    Rbf,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum InducingPolicyName {
-    Fixed,
-    Pivoted,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MemoryPolicyName {
-    Bls,
-    Random,
-    None,
-}
-
-/// Every model flag is optional: unset flags take the method's defaults or the preset's.
+/// `dualgp eval`'s flags: the data and protocol here, the model in [`ModelArgs`].
 #[derive(Debug, Clone, Args)]
 pub struct EvalArgs {
     #[arg(long)]
@@ -66,161 +37,18 @@ pub struct EvalArgs {
     pub likelihood: String,
     #[arg(long, value_enum, default_value = "dual-memory")]
     pub method: Method,
-    #[arg(long, value_enum)]
-    pub preset: Option<Preset>,
     #[arg(long, default_value_t = 10)]
     pub batches: usize,
     /// id | shuffle:SEED | sorted:COLUMN
     #[arg(long, default_value = "id")]
     pub order: String,
-    #[arg(long, value_enum)]
-    pub kernel: Option<KernelName>,
-    /// One lengthscale per input.
-    #[arg(long)]
-    pub ard: bool,
-    #[arg(long)]
-    pub inducing: Option<usize>,
-    #[arg(long, value_enum)]
-    pub inducing_policy: Option<InducingPolicyName>,
-    #[arg(long)]
-    pub memory_per_batch: Option<usize>,
-    #[arg(long, value_enum)]
-    pub memory_policy: Option<MemoryPolicyName>,
-    /// Bound the memory: BLS-weighted reservoir over the whole stream.
-    #[arg(long)]
-    pub memory_capacity: Option<usize>,
-    #[arg(long)]
-    pub e_steps: Option<usize>,
-    #[arg(long)]
-    pub e_lr: Option<f64>,
-    #[arg(long)]
-    pub m_steps: Option<usize>,
-    #[arg(long)]
-    pub m_lr: Option<f64>,
-    /// M-step rounds per batch, the batch and memory re-learned between them.
-    #[arg(long)]
-    pub m_rounds: Option<usize>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Dataflow workers; the model-only learner gives the same numbers for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     #[arg(long)]
     pub report: PathBuf,
-}
-
-/// The settings after defaults, preset and flags are applied.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    pub family: Family,
-    pub ard: bool,
-    pub noise: f64,
-    pub sequential: SequentialConfig,
-    /// The reference keeps `Z` at the first `m` train rows.
-    pub z_first_rows: bool,
-    /// Start the lengthscales at √d, the scale of distances between standardised inputs (else 1).
-    pub median_lengthscale: bool,
-}
-
-impl EvalArgs {
-    /// Defaults are the project's best settings (README); `--preset reference`
-    /// replaces them with the reference code's; given flags override both.
-    pub fn settings(&self) -> Result<Settings> {
-        let reference = self.preset == Some(Preset::Reference);
-        let mut s = if reference {
-            Settings {
-                family: Family::Matern52,
-                ard: false,
-                noise: 0.1,
-                sequential: SequentialConfig {
-                    inducing: 100,
-                    inducing_policy: InducingPolicy::Fixed,
-                    e_step: EStepConfig { steps: 4, rho: 0.8 },
-                    m_steps: 20,
-                    m_rounds: 1,
-                    reexpress_old_data: false,
-                    m_lr: 0.01,
-                    memory: MemoryPolicy::PerBatch { k: 10 },
-                    seed: self.seed,
-                },
-                z_first_rows: true,
-                median_lengthscale: false,
-            }
-        } else {
-            Settings {
-                family: Family::Matern52,
-                ard: true,
-                noise: 0.1,
-                sequential: SequentialConfig {
-                    inducing: 100,
-                    inducing_policy: InducingPolicy::Pivoted,
-                    e_step: EStepConfig { steps: 4, rho: 0.8 },
-                    m_steps: 20,
-                    m_rounds: 5,
-                    reexpress_old_data: true,
-                    m_lr: 0.05,
-                    memory: MemoryPolicy::PerBatch { k: 10 },
-                    seed: self.seed,
-                },
-                z_first_rows: false,
-                median_lengthscale: true,
-            }
-        };
-        if let Some(k) = self.kernel {
-            s.family = match k {
-                KernelName::Matern52 => Family::Matern52,
-                KernelName::Matern32 => Family::Matern32,
-                KernelName::Matern12 => Family::Matern12,
-                KernelName::Rbf => Family::SquaredExponential,
-            };
-        }
-        s.ard |= self.ard;
-        let q = &mut s.sequential;
-        if let Some(m) = self.inducing {
-            if m == 0 {
-                bail!("--inducing 0: the model needs at least one inducing input");
-            }
-            q.inducing = m;
-        }
-        if let Some(p) = self.inducing_policy {
-            q.inducing_policy = match p {
-                InducingPolicyName::Fixed => InducingPolicy::Fixed,
-                InducingPolicyName::Pivoted => InducingPolicy::Pivoted,
-            };
-            s.z_first_rows &= p == InducingPolicyName::Fixed;
-        }
-        if let Some(n) = self.e_steps {
-            q.e_step.steps = n;
-        }
-        if let Some(rho) = self.e_lr {
-            q.e_step.rho = rho;
-        }
-        if let Some(n) = self.m_steps {
-            q.m_steps = n;
-        }
-        if let Some(lr) = self.m_lr {
-            q.m_lr = lr;
-        }
-        if let Some(r) = self.m_rounds {
-            q.m_rounds = r;
-        }
-        let k = self.memory_per_batch.unwrap_or(match q.memory {
-            MemoryPolicy::PerBatch { k } | MemoryPolicy::Random { k } => k,
-            _ => 10,
-        });
-        q.memory = match (self.memory_policy, self.memory_capacity) {
-            (Some(MemoryPolicyName::None), _) => MemoryPolicy::None,
-            (Some(MemoryPolicyName::Random), _) => MemoryPolicy::Random { k },
-            (_, Some(capacity)) => MemoryPolicy::Reservoir { capacity },
-            _ => MemoryPolicy::PerBatch { k },
-        };
-        q.validate()
-            .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
-        if self.workers == 0 {
-            bail!("--workers 0: give at least one worker");
-        }
-        Ok(s)
-    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -261,7 +89,8 @@ pub struct Report {
 /// Runs the evaluation and writes the report; `progress` is told after each batch.
 pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Report> {
     let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
-    let settings = args.settings()?;
+    let settings = args.model.settings()?;
+    check_workers(args.workers)?;
     let order: Order = args.order.parse()?;
     let spec = ColumnSpec::default();
     let table = Table::read(&args.data, &spec)?;
@@ -281,26 +110,11 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     }
     let prepared = prepare(&split, &order, args.batches, regression)?;
     let (train, test) = datasets(&prepared, &likelihood)?;
-    let likelihood = match likelihood {
-        Likelihood::Gaussian { .. } => Likelihood::Gaussian {
-            variance: settings.noise,
-        },
-        other => other,
-    };
-    let lengthscale = if settings.median_lengthscale {
-        (train.d() as f64).sqrt()
-    } else {
-        1.0
-    };
-    let kernel = Kernel::stationary(
-        settings.family,
-        1.0,
-        vec![lengthscale; if settings.ard { train.d() } else { 1 }],
-    );
+    let likelihood = settings.likelihood(likelihood);
+    let kernel = settings.kernel(train.d());
 
     let mut batches = Vec::new();
     let mut total = 0.0;
-    let n_batches = prepared.batches.len();
     let final_metrics = match args.method {
         Method::DualMemory => {
             let mut learner = SequentialLearner::new(kernel, likelihood.clone(), settings.sequential.clone())?;
@@ -308,19 +122,31 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 let m = settings.sequential.inducing.min(train.n());
                 learner = learner.with_inducing(train.x().rows(0, m).into_owned())?;
             }
-            let mut last = None;
-            for (b, rows) in prepared.batches.iter().enumerate() {
-                let batch = train.select(&rows.clone().collect::<Vec<_>>());
-                let started = Instant::now();
-                let report = learner.update(&batch)?;
-                let seconds = started.elapsed().as_secs_f64();
-                total += seconds;
-                let metrics = learner.evaluate(&test)?;
-                batches.push(batch_report(b + 1, report.n_seen, seconds, &metrics));
-                last = Some(metrics);
-                progress(b + 1, n_batches);
+            stream(
+                &mut learner,
+                &prepared,
+                &train,
+                &test,
+                &mut batches,
+                &mut total,
+                &mut progress,
+            )?
+        }
+        Method::Osgpr => {
+            let mut learner = OsgprLearner::new(kernel, likelihood.clone(), settings.osgpr.clone())?;
+            if settings.z_first_rows {
+                let m = settings.osgpr.inducing.min(train.n());
+                learner = learner.with_inducing(train.x().rows(0, m).into_owned())?;
             }
-            last.expect("at least one batch")
+            stream(
+                &mut learner,
+                &prepared,
+                &train,
+                &test,
+                &mut batches,
+                &mut total,
+                &mut progress,
+            )?
         }
         Method::Offline => {
             let started = Instant::now();
@@ -332,7 +158,6 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             progress(1, 1);
             metrics
         }
-        Method::Osgpr => bail!("--method osgpr (Bui et al. 2017) is not available yet; use dual-memory or offline"),
     };
     let report = Report {
         method: method_name(args.method).into(),
@@ -352,6 +177,60 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     std::fs::write(&args.report, json)
         .with_context(|| format!("cannot write the report to {}", args.report.display()))?;
     Ok(report)
+}
+
+/// A learner that sees the batches in turn.
+trait Streaming {
+    /// Learns one batch; returns the records seen so far.
+    fn learn(&mut self, batch: &Data) -> Result<u64>;
+    fn score(&self, test: &Data) -> Result<Metrics>;
+}
+
+impl Streaming for SequentialLearner {
+    fn learn(&mut self, batch: &Data) -> Result<u64> {
+        Ok(self.update(batch)?.n_seen)
+    }
+
+    fn score(&self, test: &Data) -> Result<Metrics> {
+        Ok(self.evaluate(test)?)
+    }
+}
+
+impl Streaming for OsgprLearner {
+    fn learn(&mut self, batch: &Data) -> Result<u64> {
+        Ok(self.update(batch)?.n_seen)
+    }
+
+    fn score(&self, test: &Data) -> Result<Metrics> {
+        Ok(self.evaluate(test)?)
+    }
+}
+
+/// Feeds the batches in order, timing only the update, and scores the test
+/// set after each; returns the last metrics.
+fn stream(
+    learner: &mut impl Streaming,
+    prepared: &Prepared,
+    train: &Data,
+    test: &Data,
+    batches: &mut Vec<BatchReport>,
+    total: &mut f64,
+    progress: &mut impl FnMut(usize, usize),
+) -> Result<Metrics> {
+    let n_batches = prepared.batches.len();
+    let mut last = None;
+    for (b, rows) in prepared.batches.iter().enumerate() {
+        let batch = train.select(&rows.clone().collect::<Vec<_>>());
+        let started = Instant::now();
+        let n_seen = learner.learn(&batch)?;
+        let seconds = started.elapsed().as_secs_f64();
+        *total += seconds;
+        let metrics = learner.score(test)?;
+        batches.push(batch_report(b + 1, n_seen, seconds, &metrics));
+        last = Some(metrics);
+        progress(b + 1, n_batches);
+    }
+    last.context("no batches to learn from")
 }
 
 fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {

@@ -5,4 +5,5 @@
 
 pub mod demo;
 pub mod eval;
+pub mod model_args;
 pub mod protocol;

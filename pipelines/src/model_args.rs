@@ -1,0 +1,244 @@
+//! The model flags `eval`, `replay` and `serve` share, and the settings they
+//! resolve to. Every default lives here, in [`ModelArgs::settings`].
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use dualgp_operators::model::{
+    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig, OsgprInducing, SequentialConfig,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// The reference implementation's settings (AaltoML/sequential-gp).
+    Reference,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KernelName {
+    Matern52,
+    Matern32,
+    Matern12,
+    Rbf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InducingPolicyName {
+    Fixed,
+    Pivoted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemoryPolicyName {
+    Bls,
+    Random,
+    None,
+}
+
+/// Every model flag is optional: unset flags take the defaults or the preset's.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ModelArgs {
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    #[arg(long, value_enum)]
+    pub kernel: Option<KernelName>,
+    /// One lengthscale per input.
+    #[arg(long)]
+    pub ard: bool,
+    #[arg(long)]
+    pub inducing: Option<usize>,
+    #[arg(long, value_enum)]
+    pub inducing_policy: Option<InducingPolicyName>,
+    #[arg(long)]
+    pub memory_per_batch: Option<usize>,
+    #[arg(long, value_enum)]
+    pub memory_policy: Option<MemoryPolicyName>,
+    /// Bound the memory: BLS-weighted reservoir over the whole stream.
+    #[arg(long)]
+    pub memory_capacity: Option<usize>,
+    /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
+    #[arg(long)]
+    pub e_steps: Option<usize>,
+    /// E-step damping ρ (osgpr default 1).
+    #[arg(long)]
+    pub e_lr: Option<f64>,
+    /// Adam steps per M-step round (osgpr: L-BFGS iterations per batch, default 100).
+    #[arg(long)]
+    pub m_steps: Option<usize>,
+    #[arg(long)]
+    pub m_lr: Option<f64>,
+    /// M-step rounds per batch, the batch and memory re-learned between them.
+    #[arg(long)]
+    pub m_rounds: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// The settings after defaults, preset and flags are applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub family: Family,
+    pub ard: bool,
+    pub noise: f64,
+    pub sequential: SequentialConfig,
+    /// `--method osgpr`: `--m-steps` are L-BFGS iterations, `--e-steps` and
+    /// `--e-lr` bound the natural-gradient steps for a non-Gaussian `q(b)`.
+    pub osgpr: OsgprConfig,
+    /// The reference keeps `Z` at the first `m` train rows.
+    pub z_first_rows: bool,
+    /// Start the lengthscales at √d, the scale of distances between standardised inputs (else 1).
+    pub median_lengthscale: bool,
+}
+
+/// L-BFGS iterations per batch for `--method osgpr` when `--m-steps` is not given.
+const OSGPR_ITERATIONS: usize = 100;
+
+impl ModelArgs {
+    /// Defaults are the project's best settings (README); `--preset reference`
+    /// replaces them with the reference code's; given flags override both.
+    pub fn settings(&self) -> Result<Settings> {
+        let reference = self.preset == Some(Preset::Reference);
+        let mut s = if reference {
+            Settings {
+                family: Family::Matern52,
+                ard: false,
+                noise: 0.1,
+                sequential: SequentialConfig {
+                    inducing: 100,
+                    inducing_policy: InducingPolicy::Fixed,
+                    e_step: EStepConfig { steps: 4, rho: 0.8 },
+                    m_steps: 20,
+                    m_rounds: 1,
+                    reexpress_old_data: false,
+                    m_lr: 0.01,
+                    memory: MemoryPolicy::PerBatch { k: 10 },
+                    seed: self.seed,
+                },
+                osgpr: OsgprConfig::default(),
+                z_first_rows: true,
+                median_lengthscale: false,
+            }
+        } else {
+            Settings {
+                family: Family::Matern52,
+                ard: true,
+                noise: 0.1,
+                sequential: SequentialConfig {
+                    inducing: 100,
+                    inducing_policy: InducingPolicy::Pivoted,
+                    e_step: EStepConfig { steps: 4, rho: 0.8 },
+                    m_steps: 30,
+                    m_rounds: 1,
+                    reexpress_old_data: true,
+                    m_lr: 0.05,
+                    memory: MemoryPolicy::PerBatch { k: 20 },
+                    seed: self.seed,
+                },
+                osgpr: OsgprConfig::default(),
+                z_first_rows: false,
+                median_lengthscale: true,
+            }
+        };
+        if let Some(k) = self.kernel {
+            s.family = match k {
+                KernelName::Matern52 => Family::Matern52,
+                KernelName::Matern32 => Family::Matern32,
+                KernelName::Matern12 => Family::Matern12,
+                KernelName::Rbf => Family::SquaredExponential,
+            };
+        }
+        s.ard |= self.ard;
+        let q = &mut s.sequential;
+        if let Some(m) = self.inducing {
+            if m == 0 {
+                bail!("--inducing 0: the model needs at least one inducing input");
+            }
+            q.inducing = m;
+        }
+        if let Some(p) = self.inducing_policy {
+            q.inducing_policy = match p {
+                InducingPolicyName::Fixed => InducingPolicy::Fixed,
+                InducingPolicyName::Pivoted => InducingPolicy::Pivoted,
+            };
+            s.z_first_rows &= p == InducingPolicyName::Fixed;
+        }
+        if let Some(n) = self.e_steps {
+            q.e_step.steps = n;
+        }
+        if let Some(rho) = self.e_lr {
+            q.e_step.rho = rho;
+        }
+        if let Some(n) = self.m_steps {
+            q.m_steps = n;
+        }
+        if let Some(lr) = self.m_lr {
+            q.m_lr = lr;
+        }
+        if let Some(r) = self.m_rounds {
+            q.m_rounds = r;
+        }
+        let k = self.memory_per_batch.unwrap_or(match q.memory {
+            MemoryPolicy::PerBatch { k } | MemoryPolicy::Random { k } => k,
+            _ => 20,
+        });
+        q.memory = match (self.memory_policy, self.memory_capacity) {
+            (Some(MemoryPolicyName::None), _) => MemoryPolicy::None,
+            (Some(MemoryPolicyName::Random), _) => MemoryPolicy::Random { k },
+            (_, Some(capacity)) => MemoryPolicy::Reservoir { capacity },
+            _ => MemoryPolicy::PerBatch { k },
+        };
+        q.validate()
+            .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
+        s.osgpr = self.osgpr_config(&s.sequential)?;
+        Ok(s)
+    }
+
+    /// Bui et al.'s learner shares `m`, the inducing policy and the seed with
+    /// the sequential settings; its own schedule comes from the step flags.
+    fn osgpr_config(&self, q: &SequentialConfig) -> Result<OsgprConfig> {
+        let defaults = OsgprConfig::default();
+        let config = OsgprConfig {
+            inducing: q.inducing,
+            inducing_policy: match q.inducing_policy {
+                InducingPolicy::Fixed => OsgprInducing::Fixed,
+                InducingPolicy::Pivoted => defaults.inducing_policy,
+            },
+            max_iter: self.m_steps.unwrap_or(OSGPR_ITERATIONS),
+            q_steps: self.e_steps.unwrap_or(defaults.q_steps),
+            q_rho: self.e_lr.unwrap_or(defaults.q_rho),
+            seed: self.seed,
+            ..defaults
+        };
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--method osgpr: {e}; change --e-steps or --e-lr"))?;
+        Ok(config)
+    }
+}
+
+impl Settings {
+    /// The starting kernel for `d` (standardised) inputs.
+    pub fn kernel(&self, d: usize) -> Kernel {
+        let lengthscale = if self.median_lengthscale {
+            (d as f64).sqrt()
+        } else {
+            1.0
+        };
+        Kernel::stationary(self.family, 1.0, vec![lengthscale; if self.ard { d } else { 1 }])
+    }
+
+    /// The likelihood to learn with: a Gaussian starts at the settings' noise.
+    pub fn likelihood(&self, likelihood: Likelihood) -> Likelihood {
+        match likelihood {
+            Likelihood::Gaussian { .. } => Likelihood::Gaussian { variance: self.noise },
+            other => other,
+        }
+    }
+}
+
+/// `--workers W`, refused when zero.
+pub fn check_workers(workers: usize) -> Result<()> {
+    if workers == 0 {
+        bail!("--workers 0: give at least one worker");
+    }
+    Ok(())
+}
