@@ -105,10 +105,18 @@ fn main() {
     let t_one = median(|| operator(&epochs, 1));
     let t_two = median(|| operator(&epochs, 2));
     println!("| run | seconds | records/s |\n|---|---|---|");
-    for (name, t) in [("model-only", t_model), ("operator, 1 worker", t_one), ("operator, 2 workers", t_two)] {
+    for (name, t) in [
+        ("model-only", t_model),
+        ("operator, 1 worker", t_one),
+        ("operator, 2 workers", t_two),
+    ] {
         println!("| {name} | {t:.3} | {:.0} |", records / t);
     }
-    println!("overhead ratio {:.3}, 1 → 2 worker speed-up {:.2}", t_one / t_model, t_one / t_two);
+    println!(
+        "overhead ratio {:.3}, 1 → 2 worker speed-up {:.2}",
+        t_one / t_model,
+        t_one / t_two
+    );
     let json = serde_json::json!({
         "m": 100, "d": D, "batch": BATCH, "epochs": EPOCHS,
         "records_per_second": {
