@@ -340,6 +340,7 @@ fn predictions_go_out_as_json_keyed_by_id() {
             } else {
                 Predictive::Classes(vec![0.25, 0.75])
             },
+            log_density: None,
         })
         .collect();
     out.send(&predictions).unwrap();

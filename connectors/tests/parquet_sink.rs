@@ -44,6 +44,7 @@ fn moments(id: i64, epoch: u64) -> Prediction {
             mean: id as f64 * 0.5,
             var: 1.0 + id as f64,
         },
+        log_density: None,
     }
 }
 
@@ -81,6 +82,7 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
         id,
         epoch: 0,
         predictive: Predictive::Classes(probs),
+        log_density: None,
     };
     let bernoulli = Likelihood::Bernoulli { link: Link::Probit };
     let layout = PredictionLayout::for_likelihood(&bernoulli);
@@ -115,6 +117,7 @@ fn a_prediction_of_the_wrong_shape_is_an_error_not_a_panic() {
         id: 5,
         epoch: 0,
         predictive: Predictive::Classes(vec![0.5, 0.5]),
+        log_density: None,
     };
     assert!(w.write(&[two]).is_err());
     // Nothing of a refused call was written.

@@ -224,6 +224,7 @@ mod tests {
             id: 3,
             epoch: 7,
             predictive: Predictive::Moments { mean: 0.5, var: 2.0 },
+            log_density: None,
         };
         let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
         assert_eq!(v, serde_json::json!({"id": 3, "epoch": 7, "mean": 0.5, "var": 2.0}));
@@ -231,6 +232,7 @@ mod tests {
             id: -1,
             epoch: 0,
             predictive: Predictive::Classes(vec![0.25, 0.75]),
+            log_density: None,
         };
         let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
         assert_eq!(v, serde_json::json!({"id": -1, "epoch": 0, "p": [0.25, 0.75]}));

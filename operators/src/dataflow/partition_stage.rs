@@ -29,18 +29,28 @@ enum Scorer {
 }
 
 impl Scorer {
-    fn predict(&self, x: &DMatrix<f64>) -> Vec<Predictive> {
+    /// Each record's predictive distribution and, when it has a label, that
+    /// label's log predictive density (its prequential score).
+    fn score(&self, records: &[&Record], features: usize) -> Vec<(Predictive, Option<f64>)> {
+        let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
+        let scored = |likelihood: &Likelihood, i: usize, mean: &[f64], var: &[f64]| {
+            let density = records[i].label.map(|y| likelihood.log_predictive(mean, var, y));
+            (likelihood.predict(mean, var), density)
+        };
+        let mut out = Vec::with_capacity(records.len());
         match self {
-            Scorer::Model(model) => model.predict(x),
+            Scorer::Model(model) => model
+                .posterior
+                .predict_f(&x)
+                .for_each_point(|i, mean, var| out.push(scored(&model.likelihood, i, mean, var))),
             Scorer::Prior { kernel, likelihood } => {
-                let n_latent = likelihood.n_latent();
-                kernel
-                    .diag(x)
-                    .iter()
-                    .map(|&v| likelihood.predict(&vec![0.0; n_latent], &vec![v; n_latent]))
-                    .collect()
+                let mean = vec![0.0; likelihood.n_latent()];
+                for (i, &v) in kernel.diag(&x).iter().enumerate() {
+                    out.push(scored(likelihood, i, &mean, &vec![v; mean.len()]));
+                }
             }
         }
+        out
     }
 }
 
@@ -156,12 +166,12 @@ pub(super) fn partition_stage<'scope>(
                     }
                 }
                 let scored: Vec<&Record> = accepted.iter().filter(|a| a.1).map(|a| &a.0).collect();
-                let x = DMatrix::from_fn(scored.len(), features, |i, j| scored[i].features[j]);
-                for (record, predictive) in scored.iter().zip(scorer.predict(&x)) {
+                for (record, (predictive, log_density)) in scored.iter().zip(scorer.score(&scored, features)) {
                     session.give(StageOutput::Prediction(Prediction {
                         id: record.id,
                         epoch,
                         predictive,
+                        log_density,
                     }));
                 }
                 let labelled: Vec<&Record> = accepted.iter().map(|a| &a.0).filter(|r| r.label.is_some()).collect();

@@ -27,6 +27,9 @@ pub struct Prediction {
     pub id: i64,
     pub epoch: u64,
     pub predictive: Predictive,
+    /// `log p(label | model)` when the record came with a label: its
+    /// prequential score, before the model learned from it.
+    pub log_density: Option<f64>,
 }
 
 /// A record the operator cannot score or learn from, and why.
