@@ -11,6 +11,9 @@
 #   JOBS=2               runs at a time (default 1; each run uses one core)
 #   DATASETS="bank …"    subset of: bank mammographic elevators bike banana
 #   ABLATION=0           skip the ablation (default 1)
+#   METHODS="osgpr"      subset of: dual-memory osgpr offline (default all)
+#   ORDERS="shuffle:0"   subset of: shuffle:0 sorted:x0 (default both)
+#   PROFILE=dev          cargo profile of the binary (default release)
 #   DUALGP_SHARED=DIR    the shared folder holding data/ (default ../shared)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +22,15 @@ FOLDS=${FOLDS:-"0 1 2 3 4 5 6 7 8 9"}
 JOBS=${JOBS:-1}
 DATASETS=${DATASETS:-"bank mammographic elevators bike banana"}
 ABLATION=${ABLATION:-1}
+METHODS=${METHODS:-"dual-memory osgpr offline"}
+ORDERS=${ORDERS:-"shuffle:0 sorted:x0"}
+PROFILE=${PROFILE:-release}
+BIN=target/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
 DATA=${DUALGP_SHARED:-../shared}/data
 OUT=target/results
-COMMAND="FOLDS=\"$FOLDS\" JOBS=$JOBS DATASETS=\"$DATASETS\" ABLATION=$ABLATION scripts/results.sh"
+COMMAND="FOLDS=\"$FOLDS\" JOBS=$JOBS DATASETS=\"$DATASETS\" ABLATION=$ABLATION METHODS=\"$METHODS\" ORDERS=\"$ORDERS\" scripts/results.sh"
 
-cargo build --release --quiet -p dualgp-pipelines --bin dualgp --example results_table
+cargo build --profile "$PROFILE" --quiet -p dualgp-pipelines --bin dualgp --example results_table
 mkdir -p "$OUT"
 
 likelihood() {
@@ -45,8 +52,8 @@ plan() {
 
 for data in $DATASETS; do
   lik=$(likelihood "$data")
-  for order in shuffle:0 sorted:x0; do
-    for method in dual-memory osgpr offline; do
+  for order in $ORDERS; do
+    for method in $METHODS; do
       # Offline training sees all rows at once: the order changes nothing.
       [[ $method == offline && $order != shuffle:0 ]] && continue
       if [[ $data == banana ]]; then
@@ -77,7 +84,7 @@ run_one() {
   mkdir -p "$(dirname "$report")"
   local start ms
   start=$(date +%s%N)
-  if target/release/dualgp eval "$@" --report "$report.tmp" >"${report%.json}.log" 2>&1; then
+  if "$BIN/dualgp" eval "$@" --report "$report.tmp" >"${report%.json}.log" 2>&1; then
     mv "$report.tmp" "$report"
     ms=$((($(date +%s%N) - start) / 1000000))
     printf '%s\t%d.%03d\n' "$report" $((ms / 1000)) $((ms % 1000)) >>target/results/timings.tsv
@@ -88,12 +95,13 @@ run_one() {
   fi
 }
 export -f run_one
+export BIN
 
 total=$(wc -l <"$todo")
 echo "$total runs to do ($JOBS at a time); reports under $OUT/"
 status=0
 xargs -P "$JOBS" -L 1 bash -c 'run_one "$@"' _ <"$todo" || status=$?
 
-target/release/examples/results_table "$OUT" docs/RESULTS.md "$COMMAND" "$(date -u '+%Y-%m-%d %H:%M UTC')"
+"$BIN/examples/results_table" "$OUT" docs/RESULTS.md "$COMMAND" "$(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "wrote docs/RESULTS.md"
 exit "$status"

@@ -7,3 +7,4 @@ pub mod demo;
 pub mod eval;
 pub mod model_args;
 pub mod protocol;
+pub mod replay;

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use dualgp_pipelines::{demo, eval};
+use dualgp_pipelines::{demo, eval, replay};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -27,6 +27,8 @@ enum Command {
     },
     /// Evaluate a learner on a data set batch by batch (docs/EVALUATION.md) and write a JSON report.
     Eval(Box<eval::EvalArgs>),
+    /// Score a Parquet stream record by record, learning after each epoch (a backtest), and write the predictions.
+    Replay(Box<replay::ReplayArgs>),
 }
 
 fn main() {
@@ -58,13 +60,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Eval(args) => {
-            // indicatif draws only on a terminal, so logs and CI stay quiet.
-            let bar = ProgressBar::new(args.batches as u64).with_style(
-                ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} batches ({elapsed})")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
-            );
-            bar.set_message(format!("eval {}", args.data.display()));
+            let bar = progress_bar(args.batches as u64, "batches", format!("eval {}", args.data.display()));
             let report = eval::run(&args, |done, total| {
                 bar.set_length(total as u64);
                 bar.set_position(done as u64);
@@ -86,5 +82,40 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Replay(args) => {
+            let bar = progress_bar(0, "epochs", format!("replay {}", args.data.display()));
+            let ticks = bar.clone();
+            let report = replay::run(&args, move |done, total| {
+                ticks.set_length(total);
+                ticks.set_position(done);
+            })?;
+            bar.finish_and_clear();
+            let score = report
+                .prequential_rmse
+                .map(|r| format!("RMSE {r:.4}"))
+                .or(report.prequential_accuracy.map(|a| format!("accuracy {a:.4}")));
+            println!(
+                "replayed {} records in {} epochs ({:.0} records/s): prequential NLPD {:.4}, {}; {} dead letters; predictions in {}",
+                report.records,
+                report.epochs,
+                report.records_per_second,
+                report.prequential_nlpd,
+                score.unwrap_or_default(),
+                report.dead_letters,
+                args.output.display()
+            );
+            Ok(())
+        }
     }
+}
+
+/// A progress bar that draws only on a terminal, so logs and CI stay quiet.
+fn progress_bar(len: u64, unit: &str, message: String) -> ProgressBar {
+    let bar = ProgressBar::new(len).with_style(
+        ProgressStyle::with_template(&format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{elapsed}})"))
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(message);
+    bar
 }

@@ -1,0 +1,288 @@
+//! The built `dualgp replay` on real data: every row scored once, in order,
+//! the same with 1 and 2 workers; the first epoch is scored by the prior and
+//! the report's prequential figures are those of the written predictions;
+//! bad rows become dead letters and bad invocations one clear line.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatchReader, UInt64Array};
+use arrow::compute::concat_batches;
+use arrow::datatypes::{Field, Schema};
+use arrow::record_batch::RecordBatch;
+use dualgp_connectors::shared_data;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+
+fn dualgp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dualgp"))
+        .args(args)
+        .output()
+        .expect("the dualgp binary runs")
+}
+
+fn read(path: &Path) -> RecordBatch {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let schema = reader.schema();
+    let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+    concat_batches(&schema, &batches).unwrap()
+}
+
+fn write(path: &Path, batch: &RecordBatch, rows_per_group: usize) {
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows_per_group))
+        .build();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+fn f64s(batch: &RecordBatch, name: &str) -> Vec<f64> {
+    let column = batch.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
+    column
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .unwrap()
+        .values()
+        .to_vec()
+}
+
+fn i64s(batch: &RecordBatch, name: &str) -> Vec<i64> {
+    let column = batch.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
+    let as_i64 = column.as_any().downcast_ref::<Int64Array>();
+    match as_i64 {
+        Some(a) => a.values().to_vec(),
+        None => column
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .unwrap()
+            .values()
+            .iter()
+            .map(|&v| v as i64)
+            .collect(),
+    }
+}
+
+/// The first `n` rows of a shared data set, in row groups of `rows_per_group`.
+fn head_of(name: &str, n: usize, rows_per_group: usize, dir: &Path) -> PathBuf {
+    let all = read(&shared_data(&format!("{name}.parquet")).unwrap_or_else(|e| panic!("{e}")));
+    let path = dir.join(format!("{name}-{n}.parquet"));
+    write(&path, &all.slice(0, n.min(all.num_rows())), rows_per_group);
+    path
+}
+
+fn replay(data: &Path, dir: &Path, tag: &str, extra: &[&str]) -> (RecordBatch, serde_json::Value) {
+    let output = dir.join(format!("{tag}.parquet"));
+    let report = dir.join(format!("{tag}.json"));
+    let mut args = vec![
+        "replay",
+        "--data",
+        data.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = dualgp(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    (read(&output), report)
+}
+
+fn population_mean_var(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    (mean, v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n)
+}
+
+#[test]
+fn regression_rows_are_scored_once_in_order_alike_on_one_and_two_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three row groups, so the second worker reads a share of the file too.
+    let data = head_of("elevators", 2500, 900, dir.path());
+    let flags = ["--likelihood", "gaussian", "--batch-size", "500", "--inducing", "30"];
+    let (one, report) = replay(&data, dir.path(), "one", &[&flags[..], &["--workers", "1"]].concat());
+    let (two, _) = replay(&data, dir.path(), "two", &[&flags[..], &["--workers", "2"]].concat());
+
+    let ids = i64s(&one, "id");
+    assert_eq!(ids, (0..2500).collect::<Vec<_>>());
+    assert_eq!(i64s(&one, "epoch"), ids.iter().map(|i| i / 500).collect::<Vec<_>>());
+    assert_eq!(i64s(&two, "id"), ids);
+    let y = f64s(&read(&data), "y");
+    let (y_mean, y_var) = population_mean_var(&y[..500]);
+    for column in ["mean", "var"] {
+        let (a, b) = (f64s(&one, column), f64s(&two, column));
+        let worst = a.iter().zip(&b).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(
+            worst < 1e-8 * y_var.sqrt().max(1.0),
+            "{column}: workers differ by {worst}"
+        );
+    }
+
+    // Epoch 0 is scored by the prior on the first epoch's scale: mean ȳ, variance (1 + σ²₀)·s².
+    let (mean, var) = (f64s(&one, "mean"), f64s(&one, "var"));
+    for i in 0..500 {
+        assert!((mean[i] - y_mean).abs() < 1e-12 * y_mean.abs().max(1.0));
+        assert!(
+            (var[i] / (1.1 * y_var) - 1.0).abs() < 1e-9,
+            "row {i}: {} vs {}",
+            var[i],
+            1.1 * y_var
+        );
+    }
+    // The report's prequential figures are those of the written predictions.
+    let n = y.len() as f64;
+    let nlpd = (0..y.len())
+        .map(|i| 0.5 * (2.0 * std::f64::consts::PI * var[i]).ln() + (y[i] - mean[i]).powi(2) / (2.0 * var[i]))
+        .sum::<f64>()
+        / n;
+    let rmse = ((0..y.len()).map(|i| (y[i] - mean[i]).powi(2)).sum::<f64>() / n).sqrt();
+    assert!(
+        (report["prequential_nlpd"].as_f64().unwrap() - nlpd).abs() < 1e-9,
+        "{report}"
+    );
+    assert!(
+        (report["prequential_rmse"].as_f64().unwrap() - rmse).abs() < 1e-9,
+        "{report}"
+    );
+    assert_eq!(report["records"], 2500);
+    assert_eq!(report["epochs"], 5);
+    // It learns: later epochs beat the prior's error.
+    let (_, later_var) = population_mean_var(&(2000..2500).map(|i| y[i] - mean[i]).collect::<Vec<_>>());
+    assert!(
+        later_var < 0.5 * y_var,
+        "last epoch residual variance {later_var} vs {y_var}"
+    );
+}
+
+#[test]
+fn classification_writes_p1_and_reports_accuracy_of_those_probabilities() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = shared_data("mammographic.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let flags = ["--likelihood", "bernoulli", "--batch-size", "200", "--workers", "2"];
+    let (out, report) = replay(&data, dir.path(), "mammo", &flags);
+    let y: Vec<f64> = i64s(&read(&data), "y").into_iter().map(|c| c as f64).collect();
+    let p1 = f64s(&out, "p1");
+    assert_eq!(p1.len(), y.len());
+    assert!(out.column_by_name("mean").is_none());
+    let nlpd = -y
+        .iter()
+        .zip(&p1)
+        .map(|(y, p)| if *y == 1.0 { p.ln() } else { (1.0 - p).ln() })
+        .sum::<f64>()
+        / y.len() as f64;
+    // A tie (the prior's 0.5) counts as class 1, as in `eval`.
+    let hits = y.iter().zip(&p1).filter(|(y, p)| (**p >= 0.5) == (**y == 1.0)).count();
+    assert!(
+        (report["prequential_nlpd"].as_f64().unwrap() - nlpd).abs() < 1e-6,
+        "{report} vs {nlpd}"
+    );
+    assert!((report["prequential_accuracy"].as_f64().unwrap() - hits as f64 / y.len() as f64).abs() < 1e-12);
+    assert!(nlpd < 0.6, "prequential NLPD {nlpd} on mammographic");
+}
+
+#[test]
+fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let banana = read(&shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}")));
+    let mut x0 = f64s(&banana, "x0");
+    let mut y: Vec<i64> = i64s(&banana, "y");
+    x0[7] = f64::NAN;
+    x0[250] = f64::INFINITY;
+    y[100] = 3;
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(Int64Array::from(i64s(&banana, "id")))),
+        ("x0", Arc::new(Float64Array::from(x0))),
+        ("x1", Arc::new(Float64Array::from(f64s(&banana, "x1")))),
+        ("y", Arc::new(Int64Array::from(y))),
+    ];
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect()).unwrap();
+    let data = dir.path().join("banana-bad.parquet");
+    write(&data, &batch, 150);
+
+    let (out, report) = replay(
+        &data,
+        dir.path(),
+        "banana",
+        &["--likelihood", "bernoulli", "--batch-size", "100"],
+    );
+    let scored = i64s(&out, "id");
+    assert_eq!(scored.len(), 397);
+    assert!(![7, 100, 250].iter().any(|id| scored.contains(id)));
+    assert_eq!(report["dead_letters"], 3);
+    let dead = read(&dir.path().join("banana.dead-letters.parquet"));
+    let kinds: HashMap<String, usize> = {
+        let k = dead.column_by_name("reason_kind").unwrap();
+        let k = k.as_any().downcast_ref::<arrow::array::StringArray>().unwrap();
+        let mut m = HashMap::new();
+        for i in 0..k.len() {
+            *m.entry(k.value(i).to_owned()).or_default() += 1;
+        }
+        m
+    };
+    assert_eq!(kinds["non_finite"], 2, "{kinds:?}");
+    assert_eq!(kinds["invalid_label"], 1, "{kinds:?}");
+}
+
+/// Fails with exit code ≠ 0 and a single stderr line containing `needle`.
+fn assert_fails_with(args: &[&str], needle: &str) {
+    let out = dualgp(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "{args:?}: expected one line, got:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} does not mention {needle:?}"
+    );
+}
+
+fn replay_args<'a>(data: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec!["replay", "--data", data, "--output", out, "--likelihood", "bernoulli"]
+}
+
+#[test]
+fn bad_invocations_and_bad_files_fail_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.parquet");
+    let out = out.to_str().unwrap();
+    let banana = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let banana = banana.to_str().unwrap();
+    let base = |data| replay_args(data, out);
+
+    assert_fails_with(&base("/nonexistent/stream.parquet"), "/nonexistent/stream.parquet");
+    assert_fails_with(&[&base(banana)[..], &["--batch-size", "0"]].concat(), "--batch-size");
+    assert_fails_with(&[&base(banana)[..], &["--workers", "0"]].concat(), "--workers");
+    assert_fails_with(&[&base(banana)[..], &["--inducing", "0"]].concat(), "--inducing");
+
+    // A truncated file: its footer is gone.
+    let bytes = std::fs::read(banana).unwrap();
+    let truncated = dir.path().join("truncated.parquet");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    assert_fails_with(&base(truncated.to_str().unwrap()), "truncated.parquet");
+
+    // No label column.
+    let all = read(Path::new(banana));
+    let no_y = all.project(&[0, 2, 3]).unwrap();
+    let unlabelled = dir.path().join("no-y.parquet");
+    write(&unlabelled, &no_y, 1000);
+    assert_fails_with(&base(unlabelled.to_str().unwrap()), "y");
+    assert!(!Path::new(out).exists(), "a failed replay left an output file");
+}
