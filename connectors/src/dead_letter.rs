@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use dualgp_operators::dataflow::Rejected;
 use serde::{Deserialize, Serialize};
 
 /// Where a record came from.
@@ -21,6 +22,8 @@ pub enum Origin {
         offset: i64,
         row: Option<u32>,
     },
+    /// The learner, at epoch `epoch` (the payload holds the record and its id).
+    Learner { epoch: u64 },
 }
 
 impl fmt::Display for Origin {
@@ -39,6 +42,7 @@ impl fmt::Display for Origin {
                     None => Ok(()),
                 }
             }
+            Origin::Learner { epoch } => write!(f, "the learner at epoch {epoch}"),
         }
     }
 }
@@ -70,6 +74,8 @@ pub enum Reason {
     Undecodable { detail: String },
     #[error("event time {time} falls in window {window}, but the stream has already reached window {watermark}")]
     Late { time: String, window: u64, watermark: u64 },
+    #[error("refused by the learner: {detail}")]
+    Refused { detail: String },
 }
 
 /// The kind of a [`Reason`], for counting.
@@ -85,6 +91,7 @@ pub enum ReasonKind {
     FeatureMismatch,
     Undecodable,
     Late,
+    Refused,
 }
 
 impl ReasonKind {
@@ -100,6 +107,7 @@ impl ReasonKind {
             ReasonKind::FeatureMismatch => "feature_mismatch",
             ReasonKind::Undecodable => "undecodable",
             ReasonKind::Late => "late",
+            ReasonKind::Refused => "refused",
         }
     }
 }
@@ -122,6 +130,7 @@ impl Reason {
             Reason::FeatureMismatch { .. } => ReasonKind::FeatureMismatch,
             Reason::Undecodable { .. } => ReasonKind::Undecodable,
             Reason::Late { .. } => ReasonKind::Late,
+            Reason::Refused { .. } => ReasonKind::Refused,
         }
     }
 }
@@ -133,6 +142,20 @@ pub struct DeadLetter {
     /// The record as text: the message itself, or the row's columns as JSON.
     pub payload: String,
     pub reason: Reason,
+}
+
+impl DeadLetter {
+    /// A record the learner refused (it passed the source's checks but not
+    /// the model's: a wrong dimension, a label outside the likelihood's support).
+    pub fn refused(rejected: &Rejected) -> DeadLetter {
+        DeadLetter {
+            origin: Origin::Learner { epoch: rejected.epoch },
+            payload: serde_json::to_string(&rejected.record).unwrap_or_default(),
+            reason: Reason::Refused {
+                detail: rejected.reason.clone(),
+            },
+        }
+    }
 }
 
 /// How many records a source decoded, and how many it rejected, by reason.

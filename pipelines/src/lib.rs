@@ -8,3 +8,4 @@ pub mod eval;
 pub mod model_args;
 pub mod protocol;
 pub mod replay;
+pub mod serve;

@@ -2,7 +2,10 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use dualgp_pipelines::{demo, eval, replay};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use dualgp_pipelines::{demo, eval, replay, serve};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -29,6 +32,8 @@ enum Command {
     Eval(Box<eval::EvalArgs>),
     /// Score a Parquet stream record by record, learning after each epoch (a backtest), and write the predictions.
     Replay(Box<replay::ReplayArgs>),
+    /// Score a Kafka topic in real time and keep learning from its labelled records; stop with SIGINT/SIGTERM.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() {
@@ -106,7 +111,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Serve(args) => serve(&args),
     }
+}
+
+/// Serves until SIGINT or SIGTERM (then finishes the epoch, checkpoints and
+/// commits) or `--idle-exit`; a second signal exits at once.
+fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&stop))?;
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let s = serve::run(args, stop)?;
+    let committed = s.committed_epoch.map_or("no offsets committed".into(), |e| {
+        format!("offsets committed through epoch {e}")
+    });
+    println!(
+        "dualgp serve: {} records scored, {} predictions sent, {} dead letters, {} updates over {} epochs; {committed}",
+        s.records, s.predictions, s.dead_letters, s.updates, s.epochs
+    );
+    Ok(())
 }
 
 /// A progress bar that draws only on a terminal, so logs and CI stay quiet.

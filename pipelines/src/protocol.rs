@@ -26,10 +26,13 @@ use std::ops::Range;
 use std::str::FromStr;
 
 use dualgp_connectors::Table;
+use dualgp_operators::dataflow::{Prediction, Record};
+use dualgp_operators::model::{Likelihood, Predictive};
 use nalgebra::{DMatrix, DMatrixView, DVector, DVectorView};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 /// Why the protocol could not be set up. Each message is one line saying what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -235,7 +238,7 @@ pub fn fold_split(table: &Table, k: i8) -> Result<Split, ProtocolError> {
 ///
 /// Uses the population standard deviation (divide by n); a constant column
 /// gets its value as mean and scale 1, so it standardises to exactly zero. Without target scaling `y_mean = 0` and `y_std = 1`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Standardizer {
     /// Per-feature means.
     pub x_mean: DVector<f64>,
@@ -312,6 +315,40 @@ impl Standardizer {
     /// Predictive variances back on the original target scale: `v * y_std²`.
     pub fn inverse_y_var(&self, var: &DVector<f64>) -> DVector<f64> {
         var.map(|v| v * self.y_std * self.y_std)
+    }
+}
+
+/// A stream's standardisation, fitted on its first epoch and fixed from then
+/// on (no look-ahead): what `replay` and `serve` put between records and the
+/// learner.
+impl Standardizer {
+    /// Fit on records with `d` features; the target too for a regression likelihood.
+    pub fn fit_records(records: &[Record], d: usize, likelihood: &Likelihood) -> Standardizer {
+        let x = DMatrix::from_fn(records.len(), d, |i, j| records[i].features[j]);
+        let regression = matches!(likelihood, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. });
+        let y: Vec<f64> = records.iter().filter_map(|r| r.label).collect();
+        Standardizer::fit(&x, regression.then_some(&y[..]))
+    }
+
+    /// A record as the learner sees it: standardised features and target.
+    pub fn record(&self, mut r: Record) -> Record {
+        for (j, v) in r.features.iter_mut().enumerate() {
+            *v = (*v - self.x_mean[j]) / self.x_std[j];
+        }
+        if self.y_std != 1.0 || self.y_mean != 0.0 {
+            r.label = r.label.map(|y| (y - self.y_mean) / self.y_std);
+        }
+        r
+    }
+
+    /// A prediction back on the data's scale (its density too: per unit of `y`).
+    pub fn prediction(&self, mut p: Prediction) -> Prediction {
+        if let Predictive::Moments { mean, var } = &mut p.predictive {
+            *mean = *mean * self.y_std + self.y_mean;
+            *var *= self.y_std * self.y_std;
+            p.log_density = p.log_density.map(|l| l - self.y_std.ln());
+        }
+        p
     }
 }
 

@@ -16,10 +16,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{
-    ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochRule, Origin, ParquetSource, ParquetSourceConfig,
-    PredictionLayout, PredictionWriter, Reason, WorkerShare,
+    ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochRule, ParquetSource, ParquetSourceConfig,
+    PredictionLayout, PredictionWriter, WorkerShare,
 };
-use dualgp_operators::dataflow::{LearnGp, Prediction, Record, Rejected};
+use dualgp_operators::dataflow::{LearnGp, Prediction, Record};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner};
 use nalgebra::DMatrix;
 use serde::Serialize;
@@ -110,10 +110,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         ..ParquetSourceConfig::default()
     };
     let (first, d, n_epochs) = first_epoch(&args.data, &config)?;
-    let regression = matches!(likelihood, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. });
-    let x = DMatrix::from_fn(first.len(), d, |i, j| first[i].features[j]);
-    let y: Vec<f64> = first.iter().filter_map(|r| r.label).collect();
-    let scaling = Standardizer::fit(&x, regression.then_some(&y[..]));
+    let scaling = Standardizer::fit_records(&first, d, &likelihood);
     let mut learner = SequentialLearner::new(
         settings.kernel(d),
         settings.likelihood(likelihood.clone()),
@@ -121,7 +118,8 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
     )?;
     if settings.z_first_rows && !first.is_empty() {
         let m = settings.sequential.inducing.min(first.len());
-        learner = learner.with_inducing(scaling.transform_x(&x).rows(0, m).into_owned())?;
+        let z = DMatrix::from_fn(m, d, |i, j| scaling.record(first[i].clone()).features[j]);
+        learner = learner.with_inducing(z)?;
     }
 
     let layout = PredictionLayout::for_likelihood(&likelihood);
@@ -166,7 +164,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
                 .inspect(move |r| {
                     let mut c = c2.lock().unwrap();
                     c.labels.remove(&r.record.id);
-                    c.dead_letters.entry(r.epoch).or_default().push(rejected_dead_letter(r));
+                    c.dead_letters.entry(r.epoch).or_default().push(DeadLetter::refused(r));
                 })
                 .probe_with(&probe);
             gp.updates
@@ -292,20 +290,6 @@ fn dead_letter_path(output: &Path) -> PathBuf {
     output.with_file_name(format!("{stem}.dead-letters.parquet"))
 }
 
-/// A record the learner refused (the source validates first, so this is rare).
-fn rejected_dead_letter(r: &Rejected) -> DeadLetter {
-    DeadLetter {
-        origin: Origin::File {
-            path: format!("record id {}", r.record.id),
-            row: r.epoch,
-        },
-        payload: serde_json::to_string(&r.record).unwrap_or_default(),
-        reason: Reason::Undecodable {
-            detail: format!("refused by the learner: {}", r.reason),
-        },
-    }
-}
-
 /// The writer side, on worker 0.
 struct Sinks {
     predictions: PredictionWriter,
@@ -410,28 +394,5 @@ impl Scores {
 
     fn accuracy(&self) -> Option<f64> {
         self.classes.then(|| self.hits as f64 / self.labelled as f64)
-    }
-}
-
-impl Standardizer {
-    /// A record as the learner sees it: standardised features and target.
-    pub fn record(&self, mut r: Record) -> Record {
-        for (j, v) in r.features.iter_mut().enumerate() {
-            *v = (*v - self.x_mean[j]) / self.x_std[j];
-        }
-        if self.y_std != 1.0 || self.y_mean != 0.0 {
-            r.label = r.label.map(|y| (y - self.y_mean) / self.y_std);
-        }
-        r
-    }
-
-    /// A prediction back on the data's scale (its density too: per unit of `y`).
-    pub fn prediction(&self, mut p: Prediction) -> Prediction {
-        if let Predictive::Moments { mean, var } = &mut p.predictive {
-            *mean = *mean * self.y_std + self.y_mean;
-            *var *= self.y_std * self.y_std;
-            p.log_density = p.log_density.map(|l| l - self.y_std.ln());
-        }
-        p
     }
 }

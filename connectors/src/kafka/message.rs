@@ -57,9 +57,6 @@ pub struct MessageDecoder {
     format: MessageFormat,
     /// Feature names, once known (given, or fixed by the first message).
     features: Option<Vec<String>>,
-    /// Whether `features` was inferred from a prefix (then every message's
-    /// prefixed keys are checked against it).
-    inferred: bool,
 }
 
 impl MessageDecoder {
@@ -69,7 +66,6 @@ impl MessageDecoder {
         mapping.event_time = None;
         MessageDecoder {
             features: mapping.known_feature_names(),
-            inferred: false,
             mapping,
             format,
         }
@@ -133,7 +129,6 @@ impl MessageDecoder {
         };
         if self.features.is_none() {
             self.features = Some(names);
-            self.inferred = true;
         }
         Ok(Record { id, features, label })
     }
@@ -143,9 +138,7 @@ impl MessageDecoder {
         let Features::Prefix(prefix) = &self.mapping.features else {
             return Ok(self.features.clone().unwrap_or_default());
         };
-        if self.features.is_some() && !self.inferred {
-            return Ok(self.features.clone().unwrap_or_default());
-        }
+        // Prefixed keys are always checked: an extra `x2` is a wrong dimension, not noise.
         let mut indices: Vec<u128> = obj.keys().filter_map(|k| prefixed_index(prefix, k)).collect();
         indices.sort_unstable();
         let contiguous = indices.iter().enumerate().all(|(i, &n)| i as u128 == n);
@@ -232,7 +225,6 @@ impl MessageDecoder {
         }
         if !decoded.is_empty() && self.features.is_none() {
             self.features = Some(decoder.feature_names().to_vec());
-            self.inferred = true;
         }
         records.extend(decoded.into_iter().map(|d| d.record));
     }

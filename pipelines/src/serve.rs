@@ -1,0 +1,434 @@
+//! `dualgp serve`: real-time scoring from Kafka. Every worker reads its share
+//! of the input topic's partitions; each record is scored by the model of the
+//! epochs before it and sent to the output topic keyed by id, then learned
+//! from if it has a label. Bad messages go to `IN.dlq` with the reason. The
+//! flags and messages are a contract (docs/EVALUATION.md): extend, never rename.
+//!
+//! Delivery: offsets are committed only once an epoch's predictions are
+//! delivered and (with `--checkpoint-dir`) its update is checkpointed; a
+//! restart resumes from the newest checkpoint, so no epoch is applied twice
+//! and no record is lost (records after the checkpoint are scored again).
+//! Inputs (and a regression target) are standardised with the first epoch's
+//! statistics, kept beside the checkpoints.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dualgp_connectors::kafka::{create_topic, dlq_topic, topic_partitions};
+use dualgp_connectors::{
+    ColumnMapping, DeadLetter, DeadLetterProducer, KafkaConnection, KafkaPosition, KafkaSource, KafkaSourceConfig,
+    LabelKind, PredictionProducer, StartOffset, WorkerShare,
+};
+use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, LearnGp, Record, WriteCheckpoints};
+use dualgp_operators::model::{Likelihood, SequentialLearner};
+use serde::Serialize;
+use timely::dataflow::operators::{Input, Inspect, Probe};
+use timely::dataflow::{InputHandleVec, ProbeHandle};
+
+use crate::model_args::{check_workers, ModelArgs};
+use crate::protocol::Standardizer;
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// `host:port[,host:port…]`
+    #[arg(long)]
+    pub brokers: String,
+    #[arg(long)]
+    pub input_topic: String,
+    #[arg(long)]
+    pub output_topic: String,
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    #[arg(long)]
+    pub likelihood: String,
+    /// Records per epoch and worker: the model learns after each epoch.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// An epoch also ends after this long.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_timeout_ms: u64,
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Stop cleanly after this many seconds without input.
+    #[arg(long)]
+    pub idle_exit: Option<f64>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Checkpoints after every update; a restart resumes from the newest.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// The consumer group offsets are committed under (never joined).
+    #[arg(long, default_value = "dualgp")]
+    pub group_id: String,
+    /// A librdkafka setting passed through (TLS, SASL): `KEY=VALUE`, repeatable.
+    #[arg(long = "kafka-option", value_parser = key_value)]
+    pub kafka_options: Vec<(String, String)>,
+    /// The longest wait for the broker (start-up, an outage) before a clear error.
+    #[arg(long, default_value_t = 30.0)]
+    pub broker_timeout: f64,
+    /// Epochs read ahead of the learner at most.
+    #[arg(long, default_value_t = 2)]
+    pub epochs_in_flight: u64,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
+}
+
+/// What a run did, when it stopped.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServeSummary {
+    pub records: u64,
+    pub predictions: u64,
+    pub dead_letters: u64,
+    pub epochs: u64,
+    /// Updates applied in this run.
+    pub updates: u64,
+    pub last_checkpoint: Option<u64>,
+    pub committed_epoch: Option<u64>,
+}
+
+/// Where the stream stands, shared by the workers of this process.
+#[derive(Default)]
+struct Shared {
+    summary: ServeSummary,
+    /// Each worker's source position after an epoch, by epoch.
+    positions: BTreeMap<u64, Vec<KafkaPosition>>,
+    /// Per worker: every epoch before this one is delivered.
+    delivered: Vec<u64>,
+    checkpointed: Option<u64>,
+    last_input: Option<Instant>,
+    error: Option<String>,
+}
+
+/// The first epoch's standardisation, kept beside the checkpoints.
+const SCALING_FILE: &str = "scaling.json";
+
+/// Serves until `stop` is set (SIGINT/SIGTERM), `--idle-exit`, or an error.
+pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
+    let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let settings = args.model.settings()?;
+    check_workers(args.workers)?;
+    if args.batch_size == 0 || args.batch_timeout_ms == 0 {
+        bail!("--batch-size and --batch-timeout-ms must be above 0");
+    }
+    if !args.broker_timeout.is_finite() || args.broker_timeout <= 0.0 {
+        bail!("--broker-timeout must be above 0 seconds");
+    }
+    let mut conn = KafkaConnection::new(&args.brokers).with_timeout(Duration::from_secs_f64(args.broker_timeout));
+    for (k, v) in &args.kafka_options {
+        conn = conn.with_option(k, v);
+    }
+    topic_partitions(&conn, &args.input_topic)?;
+    create_topic(&conn, &args.output_topic, 1)?;
+    create_topic(&conn, &dlq_topic(&args.input_topic), 1)?;
+
+    let mut config = KafkaSourceConfig {
+        connection: conn.clone(),
+        topic: args.input_topic.clone(),
+        group_id: args.group_id.clone(),
+        mapping: mapping_for(&likelihood),
+        epoch_records: args.batch_size,
+        epoch_ms: args.batch_timeout_ms,
+        start: StartOffset::Committed,
+        ..KafkaSourceConfig::default()
+    };
+    let store = match &args.checkpoint_dir {
+        Some(dir) => Some(CheckpointStore::new(dir, 3)?),
+        None => None,
+    };
+    let resumed: Option<Checkpoint<KafkaPosition>> = match &store {
+        Some(s) => s.latest()?,
+        None => None,
+    };
+    let saved_scaling = match &args.checkpoint_dir {
+        Some(dir) => read_scaling(dir)?,
+        None => None,
+    };
+    let resume = resumed.as_ref().and_then(|c| KafkaPosition::merge(&c.positions));
+    let scaling = match saved_scaling {
+        Some(s) => s,
+        None => {
+            let Some(first) = first_records(&config, resume.as_ref(), args, &stop)? else {
+                return Ok(ServeSummary::default());
+            };
+            let d = first[0].features.len();
+            let s = Standardizer::fit_records(&first, d, &likelihood);
+            if let Some(dir) = &args.checkpoint_dir {
+                write_scaling(dir, &s)?;
+            }
+            s
+        }
+    };
+    let d = scaling.x_mean.len();
+    config.mapping = config.mapping.with_dimension(d);
+    let learner = match resumed {
+        Some(c) => c.learner,
+        None => SequentialLearner::new(
+            settings.kernel(d),
+            settings.likelihood(likelihood),
+            settings.sequential.clone(),
+        )?,
+    };
+
+    let shared = Arc::new(Mutex::new(Shared {
+        delivered: vec![0; args.workers],
+        last_input: Some(Instant::now()),
+        ..Shared::default()
+    }));
+    let (output_topic, in_flight, idle_exit) = (args.output_topic.clone(), args.epochs_in_flight, args.idle_exit);
+    let checkpointing = store.is_some();
+    let state = Arc::clone(&shared);
+    let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
+        let (index, peers) = (worker.index(), worker.peers());
+        let fail = |e: String| {
+            state.lock().unwrap().error.get_or_insert(e);
+            stop.store(true, Ordering::SeqCst);
+        };
+        let opened = KafkaSource::open(&config, WorkerShare::new(index, peers), resume.as_ref()).and_then(|s| {
+            let predictions = PredictionProducer::new(&config.connection, &output_topic)?;
+            let dead = DeadLetterProducer::new(&config.connection, &config.topic)?;
+            Ok((s, Rc::new(predictions), Rc::new(dead)))
+        });
+        let (mut source, predictions, dead) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                fail(e.to_string());
+                return;
+            }
+        };
+
+        let mut records = InputHandleVec::new();
+        let mut positions = InputHandleVec::new();
+        let probe = ProbeHandle::new();
+        let (s1, s2, s3, s4) = (
+            Arc::clone(&state),
+            Arc::clone(&state),
+            Arc::clone(&state),
+            Arc::clone(&state),
+        );
+        let (p1, d1, scale) = (Rc::clone(&predictions), Rc::clone(&dead), scaling.clone());
+        let (store, learner) = (store.clone(), learner.clone());
+
+        worker.dataflow::<u64, _, _>(|scope| {
+            let gp = scope.input_from(&mut records).learn_gp(learner, d);
+            gp.predictions
+                .inspect_core(move |event| {
+                    let Ok((_, batch)) = event else { return };
+                    let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
+                    let sent = p1.send(&out);
+                    let mut s = s1.lock().unwrap();
+                    match sent {
+                        Ok(()) => s.summary.predictions += out.len() as u64,
+                        Err(e) => drop(s.error.get_or_insert(e.to_string())),
+                    }
+                })
+                .probe_with(&probe);
+            gp.rejected
+                .inspect_core(move |event| {
+                    let Ok((_, batch)) = event else { return };
+                    let letters: Vec<DeadLetter> = batch.iter().map(DeadLetter::refused).collect();
+                    if let Err(e) = d1.send(&letters) {
+                        s2.lock().unwrap().error.get_or_insert(e.to_string());
+                    }
+                    s2.lock().unwrap().summary.dead_letters += letters.len() as u64;
+                })
+                .probe_with(&probe);
+            let updates = gp.updates.inspect(move |u| {
+                let mut s = s3.lock().unwrap();
+                match &u.outcome {
+                    Ok(_) => s.summary.updates += 1,
+                    Err(why) => eprintln!("dualgp serve: epoch {} could not be learned: {why}", u.epoch),
+                }
+            });
+            match store {
+                Some(store) => {
+                    let at = scope.input_from(&mut positions);
+                    updates
+                        .write_checkpoints(at, store)
+                        .inspect(move |saved| {
+                            let mut s = s4.lock().unwrap();
+                            match saved {
+                                Ok(epoch) => {
+                                    s.checkpointed = Some(*epoch);
+                                    s.summary.last_checkpoint = Some(*epoch);
+                                }
+                                Err(e) => drop(s.error.get_or_insert(format!("cannot checkpoint: {e}"))),
+                            }
+                        })
+                        .probe_with(&probe);
+                }
+                None => {
+                    updates.probe_with(&probe);
+                }
+            }
+        });
+
+        // After each step: flush this worker's deliveries for finished epochs;
+        // worker 0 commits the offsets every worker has delivered (and checkpointed).
+        let mut delivered = 0u64;
+        let mut committed: Option<u64> = None;
+        let mut settle = |probe: &ProbeHandle<u64>, source: &KafkaSource, done_reading: bool| {
+            let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
+            if done > delivered {
+                if let Err(e) = predictions.flush().and_then(|()| dead.flush()) {
+                    fail(e.to_string());
+                }
+                delivered = done;
+                state.lock().unwrap().delivered[index] = done;
+            }
+            if index == 0 {
+                let mut s = state.lock().unwrap();
+                let everyone = s.delivered.iter().copied().min().unwrap_or(0);
+                let safe = if checkpointing {
+                    s.checkpointed.map_or(0, |e| e + 1)
+                } else {
+                    everyone
+                };
+                let upto = safe.min(everyone);
+                // The position after epoch `upto - 1`, once every worker has reported it.
+                let target = upto.checked_sub(1).filter(|e| committed.is_none_or(|c| *e > c));
+                if let Some(epoch) = target {
+                    if let Some(at) = s.positions.get(&epoch).filter(|p| p.len() == peers || done_reading) {
+                        if let Some(merged) = KafkaPosition::merge(at) {
+                            match source.commit(&merged) {
+                                Ok(()) => {
+                                    committed = Some(epoch);
+                                    s.summary.committed_epoch = Some(epoch);
+                                }
+                                Err(e) => eprintln!("dualgp serve: {e}"),
+                            }
+                        }
+                    }
+                    s.positions.retain(|e, _| *e > epoch);
+                }
+            }
+        };
+
+        while !stop.load(Ordering::SeqCst) {
+            let part = match source.next_epoch() {
+                Ok(part) => part,
+                Err(e) => {
+                    fail(e.to_string());
+                    break;
+                }
+            };
+            if let Err(e) = dead.send(&part.dead_letters) {
+                fail(e.to_string());
+            }
+            {
+                let mut s = state.lock().unwrap();
+                s.summary.records += part.records.len() as u64;
+                s.summary.dead_letters += part.dead_letters.len() as u64;
+                s.summary.epochs = s.summary.epochs.max(part.epoch + 1);
+                s.positions.entry(part.epoch).or_default().push(part.position.clone());
+                if !part.records.is_empty() || !part.dead_letters.is_empty() {
+                    s.last_input = Some(Instant::now());
+                }
+                if let (Some(limit), Some(last)) = (idle_exit, s.last_input) {
+                    if last.elapsed().as_secs_f64() >= limit {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            for record in part.records {
+                records.send(scaling.record(record));
+            }
+            if checkpointing {
+                positions.send((index, part.position));
+            }
+            records.advance_to(part.epoch + 1);
+            positions.advance_to(part.epoch + 1);
+            while probe.less_than(&(part.epoch + 1).saturating_sub(in_flight)) {
+                worker.step_or_park(Some(Duration::from_millis(50)));
+                settle(&probe, &source, false);
+            }
+            worker.step();
+            settle(&probe, &source, false);
+        }
+        // Finish the epochs read: learn, deliver, checkpoint, commit.
+        drop(records);
+        drop(positions);
+        while worker.step_or_park(Some(Duration::from_millis(50))) {
+            settle(&probe, &source, true);
+        }
+        settle(&probe, &source, true);
+    })
+    .map_err(|e| anyhow::anyhow!("cannot start {} workers: {e}", args.workers))?;
+    for result in workers.join() {
+        result.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
+    }
+    let s = std::mem::take(&mut *shared.lock().unwrap());
+    if let Some(e) = s.error {
+        bail!("{e}");
+    }
+    Ok(s.summary)
+}
+
+/// JSON fields `id`, `x0..`, `y`, with labels checked for the likelihood.
+fn mapping_for(likelihood: &Likelihood) -> ColumnMapping {
+    let mapping = ColumnMapping::default();
+    match likelihood {
+        Likelihood::Bernoulli { .. } => mapping.with_classes(2),
+        Likelihood::Softmax { classes, .. } => mapping.with_classes(*classes),
+        Likelihood::Poisson => ColumnMapping {
+            labels: LabelKind::Count,
+            ..mapping
+        },
+        Likelihood::Gaussian { .. } | Likelihood::StudentT { .. } => mapping,
+    }
+}
+
+/// The first epoch's worth of records (from the resume point), read without
+/// committing anything, to fix the dimension and the standardisation. `None`
+/// when told to stop (or idle too long) before any record came.
+fn first_records(
+    config: &KafkaSourceConfig,
+    resume: Option<&KafkaPosition>,
+    args: &ServeArgs,
+    stop: &AtomicBool,
+) -> Result<Option<Vec<Record>>> {
+    let mut source = KafkaSource::open(config, WorkerShare::ALONE, resume)?;
+    let started = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        let part = source.next_epoch()?;
+        if !part.records.is_empty() {
+            return Ok(Some(part.records));
+        }
+        if args
+            .idle_exit
+            .is_some_and(|limit| started.elapsed().as_secs_f64() >= limit)
+        {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+fn read_scaling(dir: &Path) -> Result<Option<Standardizer>> {
+    let path = dir.join(SCALING_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                format!("{} is not a dualgp scaling", path.display())
+            })?))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Written once, atomically, before the first checkpoint.
+fn write_scaling(dir: &Path, scaling: &Standardizer) -> Result<()> {
+    let (path, temp) = (dir.join(SCALING_FILE), dir.join(format!(".{SCALING_FILE}.partial")));
+    std::fs::write(&temp, serde_json::to_vec(scaling)?)
+        .and_then(|()| std::fs::rename(&temp, &path))
+        .with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,206 @@
+//! The built `dualgp serve` against a real Kafka-protocol broker (tansu) on
+//! 127.0.0.1: every produced record comes out scored exactly once, across a
+//! restart from the checkpoint too; malformed messages land in `IN.dlq` with
+//! their reasons; an unreachable broker is one clear line.
+
+#[allow(dead_code)] // the durable (S3-backed) broker is for the connector tests
+#[path = "../../connectors/tests/common/broker.rs"]
+mod broker;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use broker::Broker;
+use dualgp_connectors::kafka::create_topic;
+use dualgp_connectors::{shared_data, KafkaConnection, Table};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message};
+
+fn dualgp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dualgp"))
+        .args(args)
+        .output()
+        .expect("the dualgp binary runs")
+}
+
+/// banana's rows as `serve` input messages: `(id, JSON)`.
+fn banana_messages() -> Vec<(i64, String)> {
+    let path = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let table = Table::read(path, &Default::default()).unwrap();
+    let labels = table.labels.as_ref().unwrap();
+    (0..table.n())
+        .map(|i| {
+            let id = table.ids[i];
+            let (x0, x1) = (table.features[(i, 0)], table.features[(i, 1)]);
+            (id, format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{}}}"#, labels[i]))
+        })
+        .collect()
+}
+
+fn produce(address: &str, topic: &str, messages: &[(String, String)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("message.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    for (i, (key, payload)) in messages.iter().enumerate() {
+        let partition = (i % 2) as i32;
+        let record = BaseRecord::to(topic).key(key).payload(payload).partition(partition);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60)).expect("all messages delivered");
+}
+
+/// Every message of `topic` (all its partitions, from the start), reading
+/// until nothing new has come for two seconds (at most 60 s).
+fn consume_all(address: &str, topic: &str, partitions: i32) -> Vec<String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", "serve-test-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&list).unwrap();
+    let mut out = Vec::new();
+    let (start, mut last) = (Instant::now(), Instant::now());
+    while last.elapsed() < Duration::from_secs(2) && start.elapsed() < Duration::from_secs(60) {
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            let message = message.unwrap();
+            out.push(String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned());
+            last = Instant::now();
+        }
+    }
+    out
+}
+
+fn serve(address: &str, checkpoints: &Path, workers: &str) -> String {
+    let out = dualgp(&[
+        "serve",
+        "--brokers",
+        address,
+        "--input-topic",
+        "in",
+        "--output-topic",
+        "out",
+        "--likelihood",
+        "bernoulli",
+        "--batch-size",
+        "100",
+        "--batch-timeout-ms",
+        "300",
+        "--workers",
+        workers,
+        "--idle-exit",
+        "3",
+        "--inducing",
+        "20",
+        "--checkpoint-dir",
+        checkpoints.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "serve failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Prediction count per id on `out`, checking each message's shape.
+fn predictions(address: &str) -> BTreeMap<i64, usize> {
+    let mut seen = BTreeMap::new();
+    for text in consume_all(address, "out", 1) {
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let p = v["p"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no class probabilities in {text}"));
+        let (p0, p1) = (p[0].as_f64().unwrap(), p[1].as_f64().unwrap());
+        assert!((p0 + p1 - 1.0).abs() < 1e-9 && (0.0..=1.0).contains(&p1), "{text}");
+        assert!(v["epoch"].is_u64(), "{text}");
+        *seen.entry(v["id"].as_i64().unwrap()).or_default() += 1;
+    }
+    seen
+}
+
+#[test]
+fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dead_letters() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, "in", 2).unwrap();
+    let checkpoints = tempfile::tempdir().unwrap();
+
+    let messages = banana_messages();
+    let (first, second) = messages.split_at(300);
+    let mut batch: Vec<(String, String)> = first.iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
+    let malformed = [
+        "{not json",
+        r#"{"id":9001,"x0":0.5}"#,
+        r#"{"id":9002,"x0":0.5,"x1":"abc","y":1}"#,
+        r#"{"id":9003,"x0":0.5,"x1":0.1,"y":7}"#,
+        r#"{"id":9004,"x0":0.5,"x1":0.1,"x2":0.3,"y":1}"#,
+    ];
+    batch.extend(malformed.iter().map(|m| ("bad".to_string(), m.to_string())));
+    produce(&address, "in", &batch);
+
+    let stdout = serve(&address, checkpoints.path(), "2");
+    assert!(stdout.contains("300 records scored"), "{stdout}");
+    let seen = predictions(&address);
+    assert_eq!(seen.len(), 300, "{stdout}");
+    assert!(seen.values().all(|&n| n == 1), "scored twice: {seen:?}");
+    assert!(first.iter().all(|(id, _)| seen.contains_key(id)));
+
+    let dlq = consume_all(&address, "in.dlq", 1);
+    assert_eq!(dlq.len(), malformed.len(), "{dlq:?}");
+    for d in &dlq {
+        let v: serde_json::Value = serde_json::from_str(d).unwrap();
+        assert!(v["reason"].as_str().is_some_and(|r| !r.is_empty()), "{d}");
+        assert!(v["kind"].is_string() && v["payload"].is_string(), "{d}");
+    }
+    let kinds: Vec<&str> = dlq
+        .iter()
+        .map(|d| if d.contains("invalid_label") { "label" } else { "other" })
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "label").count(), 1, "{dlq:?}");
+
+    // A restart resumes after the checkpoint: only the new records are scored.
+    let batch: Vec<(String, String)> = second.iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
+    produce(&address, "in", &batch);
+    let stdout = serve(&address, checkpoints.path(), "1");
+    assert!(stdout.contains("100 records scored"), "{stdout}");
+    let seen = predictions(&address);
+    assert_eq!(seen.len(), 400);
+    assert!(seen.values().all(|&n| n == 1), "scored twice after the restart");
+}
+
+#[test]
+fn an_unreachable_broker_is_one_line_within_the_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let out = dualgp(&[
+        "serve",
+        "--brokers",
+        &address,
+        "--input-topic",
+        "in",
+        "--output-topic",
+        "out",
+        "--likelihood",
+        "gaussian",
+        "--broker-timeout",
+        "3",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&address), "{stderr}");
+}
