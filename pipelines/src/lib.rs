@@ -5,6 +5,7 @@
 
 pub mod demo;
 pub mod eval;
+pub mod inspect;
 pub mod model_args;
 pub mod protocol;
 pub mod replay;

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use dualgp_pipelines::{demo, eval, replay, serve};
+use dualgp_pipelines::{demo, eval, inspect, replay, serve};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -34,6 +34,13 @@ enum Command {
     Replay(Box<replay::ReplayArgs>),
     /// Score a Kafka topic in real time and keep learning from its labelled records; stop with SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
+    /// Show what a saved model holds: a checkpoint file, or the newest in a directory.
+    Inspect {
+        checkpoint: std::path::PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() {
@@ -112,6 +119,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => serve(&args),
+        Command::Inspect { checkpoint, json } => {
+            let summary = inspect::inspect(&checkpoint)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                print!("{summary}");
+            }
+            Ok(())
+        }
     }
 }
 

@@ -338,6 +338,9 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                     }
                 }
             }
+            // A resumed source starts at its checkpoint's epoch, not at 0.
+            records.advance_to(part.epoch);
+            positions.advance_to(part.epoch);
             for record in part.records {
                 records.send(scaling.record(record));
             }

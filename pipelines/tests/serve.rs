@@ -150,6 +150,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
 
     let stdout = serve(&address, checkpoints.path(), "2");
     assert!(stdout.contains("300 records scored"), "{stdout}");
+    assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
     let seen = predictions(&address);
     assert_eq!(seen.len(), 300, "{stdout}");
     assert!(seen.values().all(|&n| n == 1), "scored twice: {seen:?}");
@@ -173,9 +174,24 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     produce(&address, "in", &batch);
     let stdout = serve(&address, checkpoints.path(), "1");
     assert!(stdout.contains("100 records scored"), "{stdout}");
+    assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
     let seen = predictions(&address);
     assert_eq!(seen.len(), 400);
     assert!(seen.values().all(|&n| n == 1), "scored twice after the restart");
+
+    // The checkpoint holds a model that learned from every labelled record once.
+    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records_seen"], 400, "{summary}");
+    assert_eq!(summary["inducing"], 20, "{summary}");
+    assert_eq!(summary["features"], 2, "{summary}");
+    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("matern52, ARD over 2 inputs") && text.contains("400 records"),
+        "{text}"
+    );
 }
 
 #[test]

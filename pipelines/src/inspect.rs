@@ -1,0 +1,115 @@
+//! `dualgp inspect CHECKPOINT`: what a saved model holds, for people and as JSON.
+
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
+use dualgp_operators::model::Kernel;
+use serde::Serialize;
+
+/// A checkpoint's model in a few numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSummary {
+    pub checkpoint: String,
+    pub format_version: u32,
+    /// The last epoch the model has learned.
+    pub epoch: u64,
+    pub kernel: String,
+    pub likelihood: String,
+    /// Kernel and likelihood hyperparameters by name, on their natural scale.
+    pub hyperparameters: Vec<(String, f64)>,
+    /// Inducing inputs (0 before the first batch).
+    pub inducing: usize,
+    /// Input dimension, once known.
+    pub features: Option<usize>,
+    pub memory: usize,
+    pub records_seen: u64,
+    pub batches: u64,
+    /// Each worker's source position when the checkpoint was taken.
+    pub positions: serde_json::Value,
+}
+
+/// Reads a checkpoint file, or the newest checkpoint of a directory.
+pub fn inspect(path: &Path) -> Result<ModelSummary> {
+    let (file, checkpoint): (String, Checkpoint<serde_json::Value>) = if path.is_dir() {
+        let store = CheckpointStore::new(path, usize::MAX)?;
+        let checkpoint = store
+            .latest()?
+            .with_context(|| format!("{} holds no checkpoint", path.display()))?;
+        (path.display().to_string(), checkpoint)
+    } else {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let checkpoint =
+            serde_json::from_slice(&bytes).with_context(|| format!("{} is not a dualgp checkpoint", path.display()))?;
+        (path.display().to_string(), checkpoint)
+    };
+    let learner = &checkpoint.learner;
+    let kernel = learner.kernel();
+    let mut hyperparameters: Vec<(String, f64)> = kernel
+        .param_names()
+        .into_iter()
+        .zip(kernel.log_params().iter().map(|p| p.exp()))
+        .collect();
+    hyperparameters.extend(
+        learner
+            .likelihood
+            .param_names()
+            .into_iter()
+            .zip(learner.likelihood.log_params().iter().map(|p| p.exp())),
+    );
+    let posterior = learner.posterior();
+    Ok(ModelSummary {
+        checkpoint: file,
+        format_version: checkpoint.version,
+        epoch: checkpoint.epoch,
+        kernel: describe(kernel),
+        likelihood: learner.likelihood.name(),
+        hyperparameters,
+        inducing: posterior.map_or(0, |p| p.m()),
+        features: posterior.map(|p| p.d()),
+        memory: learner.memory.len(),
+        records_seen: learner.n_seen,
+        batches: learner.batches,
+        positions: serde_json::Value::Array(checkpoint.positions),
+    })
+}
+
+/// `matern52, ARD over 8 inputs`, `se + constant`, …
+fn describe(kernel: &Kernel) -> String {
+    match kernel {
+        Kernel::Stationary(s) => {
+            let family = serde_json::to_value(s.family).ok();
+            let family = family.as_ref().and_then(|v| v.as_str()).unwrap_or("stationary");
+            match s.lengthscales.len() {
+                1 => format!("{family}, one lengthscale"),
+                d => format!("{family}, ARD over {d} inputs"),
+            }
+        }
+        Kernel::Constant { .. } => "constant".into(),
+        Kernel::Sum(parts) => parts.iter().map(describe).collect::<Vec<_>>().join(" + "),
+        Kernel::Product(parts) => parts.iter().map(describe).collect::<Vec<_>>().join(" × "),
+    }
+}
+
+impl fmt::Display for ModelSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "checkpoint   {} (format {})", self.checkpoint, self.format_version)?;
+        writeln!(f, "epoch        {}", self.epoch)?;
+        writeln!(f, "kernel       {}", self.kernel)?;
+        writeln!(f, "likelihood   {}", self.likelihood)?;
+        let features = self.features.map_or("unknown".into(), |d| d.to_string());
+        writeln!(f, "inducing     {} (inputs of dimension {features})", self.inducing)?;
+        writeln!(f, "memory       {} points", self.memory)?;
+        writeln!(
+            f,
+            "seen         {} records in {} batches",
+            self.records_seen, self.batches
+        )?;
+        writeln!(f, "hyperparameters")?;
+        for (name, value) in &self.hyperparameters {
+            writeln!(f, "  {name:<28} {value:.6}")?;
+        }
+        Ok(())
+    }
+}
