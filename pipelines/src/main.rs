@@ -17,14 +17,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Fit a model to a generated stream and report held-out accuracy (no setup needed).
+    /// Stream generated data through the operator, print the prequential figures and held-out accuracy (no setup needed).
     Demo {
-        /// Training points to generate.
+        /// Points in the stream (10 epochs).
         #[arg(long, default_value_t = 3000)]
         n: usize,
         /// Inducing points.
         #[arg(long, default_value_t = 50)]
         inducing: usize,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
@@ -52,22 +54,31 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Demo { n, inducing, seed } => {
-            let report = demo::run(n, inducing, seed).context("the demo failed")?;
-            let post = &report.model.posterior;
+        Command::Demo {
+            n,
+            inducing,
+            workers,
+            seed,
+        } => {
+            let report = demo::run(n, inducing, workers, seed).context("the demo failed")?;
+            let r = &report.replay;
             println!(
-                "dualgp demo: {} training points, m = {} inducing inputs",
-                report.train,
-                post.m()
+                "dualgp demo: a stream of {} noisy points of a smooth 2-D field (noise sd 0.1), {} epochs on {} workers",
+                r.records, r.epochs, r.workers
             );
-            println!("  fitted in {:.2} s", report.seconds);
+            println!("  epoch  prequential NLPD  RMSE   (each epoch scored before it is learned)");
+            for e in &r.epoch_scores {
+                println!("  {:>5}  {:>16.4}  {:.4}", e.epoch, e.nlpd, e.rmse.unwrap_or(f64::NAN));
+            }
+            println!("  {:.0} records/s through the operator", r.records_per_second);
             println!(
-                "  test NLPD {:.4}, test RMSE {:.4} (noise sd 0.1)",
+                "  held out (1000 points): test NLPD {:.4}, test RMSE {:.4}",
                 report.test_nlpd, report.test_rmse
             );
-            println!("  likelihood: {:?}", report.model.likelihood);
-            for (name, value) in post.kernel.param_names().iter().zip(post.kernel.log_params()) {
-                println!("  {name} = {:.4}", value.exp());
+            let kernel = report.model.kernel();
+            println!("  hyperparameters on the standardised scale:");
+            for (name, value) in kernel.param_names().iter().zip(kernel.log_params()) {
+                println!("    {name} = {:.4}", value.exp());
             }
             Ok(())
         }
@@ -100,7 +111,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let report = replay::run(&args, move |done, total| {
                 ticks.set_length(total);
                 ticks.set_position(done);
-            })?;
+            })?
+            .report;
             bar.finish_and_clear();
             let score = report
                 .prequential_rmse

@@ -79,6 +79,28 @@ pub struct ReplayReport {
     /// Epochs whose batch could not be learned, with the reason (the model stayed as it was).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_updates: Vec<(u64, String)>,
+    /// The prequential figures of each epoch.
+    pub epoch_scores: Vec<EpochScore>,
+}
+
+/// One epoch's labelled rows, each scored before the model learned from it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochScore {
+    pub epoch: u64,
+    pub labelled: u64,
+    pub nlpd: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rmse: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+}
+
+/// A replay's report, the model after the last epoch (on standardised data)
+/// and the standardisation between the two.
+pub struct ReplayOutcome {
+    pub report: ReplayReport,
+    pub learner: Option<SequentialLearner>,
+    pub scaling: Standardizer,
 }
 
 /// What the workers hand to the writer (worker 0), by epoch.
@@ -88,13 +110,14 @@ struct Collected {
     dead_letters: BTreeMap<u64, Vec<DeadLetter>>,
     labels: BTreeMap<i64, f64>,
     failed_updates: Vec<(u64, String)>,
+    last_model: Option<SequentialLearner>,
     counters: Counters,
     error: Option<String>,
 }
 
 /// Streams `args.data` through the learner and writes predictions; `progress`
 /// is told `(epochs done, epochs)`.
-pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<ReplayReport> {
+pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<ReplayOutcome> {
     let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
     check_workers(args.workers)?;
@@ -141,9 +164,9 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
 
     let started = Instant::now();
     let (path, in_flight) = (args.data.clone(), args.epochs_in_flight);
-    let shared = (Arc::clone(&collected), Arc::clone(&sinks));
+    let shared = (Arc::clone(&collected), Arc::clone(&sinks), scaling.clone());
     let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
-        let (collected, sinks) = (&shared.0, &shared.1);
+        let (collected, sinks, scaling) = (&shared.0, &shared.1, &shared.2);
         let share = WorkerShare::new(worker.index(), worker.peers());
         let mut input = InputHandleVec::new();
         let probe = ProbeHandle::new();
@@ -169,9 +192,11 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
                 .probe_with(&probe);
             gp.updates
                 .inspect(move |u| {
+                    let mut c = c3.lock().unwrap();
                     if let Err(why) = &u.outcome {
-                        c3.lock().unwrap().failed_updates.push((u.epoch, why.clone()));
+                        c.failed_updates.push((u.epoch, why.clone()));
                     }
+                    c.last_model = Some(u.learner.clone());
                 })
                 .probe_with(&probe);
         });
@@ -180,7 +205,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         let flush = |probe: &ProbeHandle<u64>| {
             if writer {
                 let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
-                write_done_epochs(collected, sinks, &scaling, done);
+                write_done_epochs(collected, sinks, scaling, done);
             }
         };
         match ParquetSource::open(&path, &config, share, None) {
@@ -248,12 +273,17 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         prequential_rmse: scores.rmse(),
         prequential_accuracy: scores.accuracy(),
         failed_updates: collected.failed_updates,
+        epoch_scores: scores.epochs,
     };
     if let Some(path) = &args.report {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write the report to {}", path.display()))?;
     }
-    Ok(report)
+    Ok(ReplayOutcome {
+        report,
+        learner: collected.last_model,
+        scaling,
+    })
 }
 
 /// The columns of the data sets (`id`, `x0..`, `y`), with labels checked for the likelihood.
@@ -322,11 +352,13 @@ fn write_done_epochs(collected: &Mutex<Collected>, sinks: &Mutex<Option<Sinks>>,
         let mut predictions = c.predictions.remove(&epoch).unwrap_or_default();
         predictions.sort_by_key(|p| p.id);
         let predictions: Vec<Prediction> = predictions.into_iter().map(|p| scaling.prediction(p)).collect();
+        let mut epoch_scores = Scores::default();
         for p in &predictions {
             if let Some(y) = c.labels.remove(&p.id) {
-                s.scores.add(p, y);
+                epoch_scores.add(p, y);
             }
         }
+        s.scores.merge(epoch_scores, epoch);
         if let Err(e) = s.predictions.write(&predictions) {
             s.scores.error.get_or_insert(format!("cannot write predictions: {e}"));
         }
@@ -364,6 +396,7 @@ struct Scores {
     squared_error: f64,
     hits: u64,
     classes: bool,
+    epochs: Vec<EpochScore>,
     error: Option<String>,
 }
 
@@ -382,6 +415,24 @@ impl Scores {
                 self.hits += u64::from(best as f64 == y);
             }
         }
+    }
+
+    /// Adds one epoch's sums and keeps its figures.
+    fn merge(&mut self, epoch: Scores, index: u64) {
+        if epoch.labelled > 0 {
+            self.epochs.push(EpochScore {
+                epoch: index,
+                labelled: epoch.labelled,
+                nlpd: epoch.nlpd(),
+                rmse: epoch.rmse(),
+                accuracy: epoch.accuracy(),
+            });
+        }
+        self.labelled += epoch.labelled;
+        self.neg_log_density += epoch.neg_log_density;
+        self.squared_error += epoch.squared_error;
+        self.hits += epoch.hits;
+        self.classes |= epoch.classes;
     }
 
     fn nlpd(&self) -> f64 {
