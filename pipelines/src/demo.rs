@@ -60,7 +60,7 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64) -> Result<DemoReport> 
         workers,
         model: ModelArgs {
             inducing: Some(m),
-            seed,
+            seed: Some(seed),
             ..ModelArgs::default()
         },
         report: None,

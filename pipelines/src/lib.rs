@@ -7,6 +7,7 @@ pub mod demo;
 pub mod eval;
 pub mod inspect;
 pub mod model_args;
+pub mod pipeline;
 pub mod protocol;
 pub mod replay;
 pub mod serve;

@@ -5,7 +5,8 @@ use clap::{Parser, Subcommand};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use dualgp_pipelines::{demo, eval, inspect, replay, serve};
+use dualgp_pipelines::model_args::ModelArgs;
+use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -36,6 +37,15 @@ enum Command {
     Replay(Box<replay::ReplayArgs>),
     /// Score a Kafka topic in real time and keep learning from its labelled records; stop with SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
+    /// Run the pipeline a TOML file describes (docs/pipeline.toml lists every key); flags override the file.
+    Run {
+        #[arg(long)]
+        config: std::path::PathBuf,
+        #[arg(long)]
+        workers: Option<usize>,
+        #[command(flatten)]
+        model: Box<ModelArgs>,
+    },
     /// Show what a saved model holds: a checkpoint file, or the newest in a directory.
     Inspect {
         checkpoint: std::path::PathBuf,
@@ -131,6 +141,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => serve(&args),
+        Command::Run { config, workers, model } => {
+            let job = pipeline::PipelineConfig::read(&config)?.job(workers, &model)?;
+            println!("{}", pipeline::run(&job, stop_on_signals()?)?);
+            Ok(())
+        }
         Command::Inspect { checkpoint, json } => {
             let summary = inspect::inspect(&checkpoint)?;
             if json {
@@ -144,14 +159,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// Serves until SIGINT or SIGTERM (then finishes the epoch, checkpoints and
-/// commits) or `--idle-exit`; a second signal exits at once.
+/// commits) or `--idle-exit`.
 fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&stop))?;
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
-    }
-    let s = serve::run(args, stop)?;
+    let s = serve::run(args, stop_on_signals()?)?;
     let committed = s.committed_epoch.map_or("no offsets committed".into(), |e| {
         format!("offsets committed through epoch {e}")
     });
@@ -160,6 +170,16 @@ fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
         s.records, s.predictions, s.dead_letters, s.updates, s.epochs
     );
     Ok(())
+}
+
+/// A flag SIGINT and SIGTERM set; a second signal exits at once.
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&stop))?;
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    Ok(stop)
 }
 
 /// A progress bar that draws only on a terminal, so logs and CI stay quiet.

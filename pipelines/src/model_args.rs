@@ -6,14 +6,17 @@ use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
     EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig, OsgprInducing, SequentialConfig,
 };
+use serde::Deserialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Preset {
     /// The reference implementation's settings (AaltoML/sequential-gp).
     Reference,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum KernelName {
     Matern52,
     Matern32,
@@ -21,13 +24,15 @@ pub enum KernelName {
     Rbf,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum InducingPolicyName {
     Fixed,
     Pivoted,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum MemoryPolicyName {
     Bls,
     Random,
@@ -35,7 +40,9 @@ pub enum MemoryPolicyName {
 }
 
 /// Every model flag is optional: unset flags take the defaults or the preset's.
-#[derive(Debug, Clone, Default, Args)]
+/// In a pipeline file (`dualgp run`) the same names form the `[model]` table.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelArgs {
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
@@ -69,8 +76,9 @@ pub struct ModelArgs {
     /// M-step rounds per batch, the batch and memory re-learned between them.
     #[arg(long)]
     pub m_rounds: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of every random choice (memory sampling, Monte Carlo): runs are reproducible (default 0).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 /// The settings after defaults, preset and flags are applied.
@@ -87,6 +95,28 @@ pub struct Settings {
     pub z_first_rows: bool,
     /// Start the lengthscales at √d, the scale of distances between standardised inputs (else 1).
     pub median_lengthscale: bool,
+}
+
+impl ModelArgs {
+    /// These settings with every flag `over` gives taking precedence.
+    pub fn overridden_by(&self, over: &ModelArgs) -> ModelArgs {
+        ModelArgs {
+            preset: over.preset.or(self.preset),
+            kernel: over.kernel.or(self.kernel),
+            ard: over.ard || self.ard,
+            inducing: over.inducing.or(self.inducing),
+            inducing_policy: over.inducing_policy.or(self.inducing_policy),
+            memory_per_batch: over.memory_per_batch.or(self.memory_per_batch),
+            memory_policy: over.memory_policy.or(self.memory_policy),
+            memory_capacity: over.memory_capacity.or(self.memory_capacity),
+            e_steps: over.e_steps.or(self.e_steps),
+            e_lr: over.e_lr.or(self.e_lr),
+            m_steps: over.m_steps.or(self.m_steps),
+            m_lr: over.m_lr.or(self.m_lr),
+            m_rounds: over.m_rounds.or(self.m_rounds),
+            seed: over.seed.or(self.seed),
+        }
+    }
 }
 
 /// L-BFGS iterations per batch for `--method osgpr` when `--m-steps` is not given.
@@ -111,7 +141,7 @@ impl ModelArgs {
                     reexpress_old_data: false,
                     m_lr: 0.01,
                     memory: MemoryPolicy::PerBatch { k: 10 },
-                    seed: self.seed,
+                    seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
                 z_first_rows: true,
@@ -131,7 +161,7 @@ impl ModelArgs {
                     reexpress_old_data: true,
                     m_lr: 0.05,
                     memory: MemoryPolicy::PerBatch { k: 20 },
-                    seed: self.seed,
+                    seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
                 z_first_rows: false,
@@ -205,7 +235,7 @@ impl ModelArgs {
             max_iter: self.m_steps.unwrap_or(OSGPR_ITERATIONS),
             q_steps: self.e_steps.unwrap_or(defaults.q_steps),
             q_rho: self.e_lr.unwrap_or(defaults.q_rho),
-            seed: self.seed,
+            seed: self.seed.unwrap_or(0),
             ..defaults
         };
         config

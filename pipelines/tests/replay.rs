@@ -286,3 +286,23 @@ fn bad_invocations_and_bad_files_fail_with_one_line() {
     assert_fails_with(&base(unlabelled.to_str().unwrap()), "y");
     assert!(!Path::new(out).exists(), "a failed replay left an output file");
 }
+
+#[test]
+fn run_with_a_pipeline_file_is_a_replay_and_flags_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let banana = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let output = dir.path().join("out.parquet");
+    let config = dir.path().join("pipeline.toml");
+    let toml = format!(
+        "likelihood = \"bernoulli\"\nworkers = 2\n[source.parquet]\npath = {:?}\nbatch_size = 100\n\
+         [model]\ninducing = 20\n[sinks]\npredictions = {:?}\n",
+        banana.display().to_string(),
+        output.display().to_string()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let config = config.to_str().unwrap();
+    let out = dualgp(&["run", "--config", config, "--workers", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(i64s(&read(&output), "id"), (0..400).collect::<Vec<_>>());
+    assert_fails_with(&["run", "--config", config, "--inducing", "0"], "--inducing 0");
+}

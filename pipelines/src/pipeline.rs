@@ -1,0 +1,240 @@
+//! `dualgp run --config pipeline.toml`: a whole pipeline (source → learner →
+//! sinks) in one file. `docs/pipeline.toml` lists every key with its default.
+//! A Parquet source runs as `replay`, a Kafka source as `serve`; flags given
+//! on the command line override the file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::model_args::ModelArgs;
+use crate::replay::ReplayArgs;
+use crate::serve::ServeArgs;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    pub likelihood: String,
+    #[serde(default = "one")]
+    pub workers: usize,
+    /// Epochs read ahead of the learner at most.
+    #[serde(default = "two")]
+    pub epochs_in_flight: u64,
+    pub source: Source,
+    #[serde(default)]
+    pub model: ModelArgs,
+    #[serde(default)]
+    pub sinks: Sinks,
+}
+
+/// Where records come from: exactly one table, `[source.parquet]` or `[source.kafka]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Source {
+    Parquet {
+        path: PathBuf,
+        #[serde(default = "thousand")]
+        batch_size: u64,
+    },
+    Kafka {
+        brokers: String,
+        topic: String,
+        #[serde(default = "thousand")]
+        batch_size: u64,
+        #[serde(default = "thousand")]
+        batch_timeout_ms: u64,
+        #[serde(default = "dualgp")]
+        group_id: String,
+        /// librdkafka settings passed through (TLS, SASL).
+        #[serde(default)]
+        options: BTreeMap<String, String>,
+        #[serde(default = "thirty")]
+        broker_timeout: f64,
+        idle_exit: Option<f64>,
+    },
+}
+
+/// Where results go. A Parquet source writes `predictions` (a Parquet file);
+/// a Kafka source writes to `topic`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sinks {
+    pub predictions: Option<PathBuf>,
+    pub topic: Option<String>,
+    pub dead_letters: Option<PathBuf>,
+    pub report: Option<PathBuf>,
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+fn one() -> usize {
+    1
+}
+fn two() -> u64 {
+    2
+}
+fn thousand() -> u64 {
+    1000
+}
+fn thirty() -> f64 {
+    30.0
+}
+fn dualgp() -> String {
+    "dualgp".into()
+}
+
+/// The command a pipeline file amounts to.
+pub enum Job {
+    Replay(ReplayArgs),
+    Serve(ServeArgs),
+}
+
+impl PipelineConfig {
+    pub fn read(path: &Path) -> Result<PipelineConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        // toml's messages span lines; the command's errors are one line.
+        toml::from_str(&text).map_err(|e| {
+            let message = e.message().to_owned();
+            let at = e.span().map(|s| {
+                let line = text[..s.start].lines().count().max(1);
+                format!(" (line {line})")
+            });
+            anyhow::anyhow!("{}{}: {message}", path.display(), at.unwrap_or_default())
+        })
+    }
+
+    /// The job, with `workers` and the model flags given on the command line taking precedence.
+    pub fn job(&self, workers: Option<usize>, model: &ModelArgs) -> Result<Job> {
+        let workers = workers.unwrap_or(self.workers);
+        let model = self.model.overridden_by(model);
+        let sinks = &self.sinks;
+        Ok(match &self.source {
+            Source::Parquet { path, batch_size } => {
+                let Some(output) = sinks.predictions.clone() else {
+                    bail!("a Parquet source needs sinks.predictions, the Parquet file to write predictions to");
+                };
+                if sinks.topic.is_some() || sinks.checkpoint_dir.is_some() {
+                    bail!(
+                        "a Parquet source writes sinks.predictions only; remove sinks.topic and sinks.checkpoint_dir"
+                    );
+                }
+                Job::Replay(ReplayArgs {
+                    data: path.clone(),
+                    output,
+                    likelihood: self.likelihood.clone(),
+                    batch_size: *batch_size,
+                    workers,
+                    model,
+                    report: sinks.report.clone(),
+                    dead_letters: sinks.dead_letters.clone(),
+                    epochs_in_flight: self.epochs_in_flight,
+                })
+            }
+            Source::Kafka {
+                brokers,
+                topic,
+                batch_size,
+                batch_timeout_ms,
+                group_id,
+                options,
+                broker_timeout,
+                idle_exit,
+            } => {
+                let Some(output_topic) = sinks.topic.clone() else {
+                    bail!("a Kafka source needs sinks.topic, the topic to write predictions to");
+                };
+                if sinks.predictions.is_some() || sinks.report.is_some() || sinks.dead_letters.is_some() {
+                    bail!("a Kafka source writes to sinks.topic (dead letters to TOPIC.dlq); remove sinks.predictions, sinks.report and sinks.dead_letters");
+                }
+                Job::Serve(ServeArgs {
+                    brokers: brokers.clone(),
+                    input_topic: topic.clone(),
+                    output_topic,
+                    likelihood: self.likelihood.clone(),
+                    batch_size: *batch_size as usize,
+                    batch_timeout_ms: *batch_timeout_ms,
+                    workers,
+                    idle_exit: *idle_exit,
+                    model,
+                    checkpoint_dir: sinks.checkpoint_dir.clone(),
+                    group_id: group_id.clone(),
+                    kafka_options: options.clone().into_iter().collect(),
+                    broker_timeout: *broker_timeout,
+                    epochs_in_flight: self.epochs_in_flight,
+                })
+            }
+        })
+    }
+}
+
+/// Runs a pipeline file's job; `stop` ends a Kafka job (SIGINT/SIGTERM).
+pub fn run(job: &Job, stop: Arc<AtomicBool>) -> Result<String> {
+    Ok(match job {
+        Job::Replay(args) => {
+            let r = crate::replay::run(args, |_, _| {})?.report;
+            format!(
+                "replayed {} records in {} epochs: prequential NLPD {:.4}; predictions in {}",
+                r.records,
+                r.epochs,
+                r.prequential_nlpd,
+                args.output.display()
+            )
+        }
+        Job::Serve(args) => {
+            let s = crate::serve::run(args, stop)?;
+            format!(
+                "served {} records, {} predictions, {} dead letters",
+                s.records, s.predictions, s.dead_letters
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_pipeline_file_reads_and_flags_override_it() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/pipeline.toml");
+        let config = PipelineConfig::read(&path).unwrap();
+        let flags = ModelArgs {
+            inducing: Some(7),
+            ..ModelArgs::default()
+        };
+        let Job::Replay(args) = config.job(Some(3), &flags).unwrap() else {
+            panic!("a Parquet source is a replay");
+        };
+        assert_eq!((args.workers, args.batch_size, args.model.inducing), (3, 1000, Some(7)));
+        assert_eq!(args.output, PathBuf::from("predictions.parquet"));
+    }
+
+    #[test]
+    fn mistakes_in_the_file_are_one_line_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        let cases = [
+            (
+                "likelihood = \"gaussian\"\n[source.parquet]\npath = \"a\"\n[model]\ninducin = 3\n",
+                "inducin",
+            ),
+            ("likelihood = \"gaussian\"\n", "source"),
+            (
+                "likelihood = \"gaussian\"\n[source.parquet]\npath = \"a\"\n",
+                "sinks.predictions",
+            ),
+        ];
+        for (text, needle) in cases {
+            std::fs::write(&path, text).unwrap();
+            let err = PipelineConfig::read(&path)
+                .and_then(|c| c.job(None, &ModelArgs::default()).map(|_| ()))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle) && !err.contains('\n'), "{err:?}");
+        }
+    }
+}
