@@ -6,6 +6,7 @@
 pub mod demo;
 pub mod eval;
 pub mod inspect;
+pub mod metrics;
 pub mod model_args;
 pub mod pipeline;
 pub mod protocol;

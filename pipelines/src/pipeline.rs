@@ -56,6 +56,8 @@ pub enum Source {
         #[serde(default = "thirty")]
         broker_timeout: f64,
         idle_exit: Option<f64>,
+        /// Prometheus metrics on 127.0.0.1:PORT.
+        metrics_port: Option<u16>,
     },
 }
 
@@ -143,6 +145,7 @@ impl PipelineConfig {
                 options,
                 broker_timeout,
                 idle_exit,
+                metrics_port,
             } => {
                 let Some(output_topic) = sinks.topic.clone() else {
                     bail!("a Kafka source needs sinks.topic, the topic to write predictions to");
@@ -165,6 +168,8 @@ impl PipelineConfig {
                     kafka_options: options.clone().into_iter().collect(),
                     broker_timeout: *broker_timeout,
                     epochs_in_flight: self.epochs_in_flight,
+                    metrics_port: *metrics_port,
+                    metrics_host: std::net::IpAddr::from([127, 0, 0, 1]),
                 })
             }
         })

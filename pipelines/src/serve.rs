@@ -31,6 +31,7 @@ use serde::Serialize;
 use timely::dataflow::operators::{Input, Inspect, Probe};
 use timely::dataflow::{InputHandleVec, ProbeHandle};
 
+use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{check_workers, ModelArgs};
 use crate::protocol::Standardizer;
 
@@ -74,6 +75,12 @@ pub struct ServeArgs {
     /// Epochs read ahead of the learner at most.
     #[arg(long, default_value_t = 2)]
     pub epochs_in_flight: u64,
+    /// Serve Prometheus metrics over HTTP on this port.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// The address the metrics endpoint binds to.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub metrics_host: std::net::IpAddr,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -98,7 +105,10 @@ pub struct ServeSummary {
 /// Where the stream stands, shared by the workers of this process.
 #[derive(Default)]
 struct Shared {
-    summary: ServeSummary,
+    last_checkpoint: Option<u64>,
+    committed_epoch: Option<u64>,
+    /// When each epoch not yet delivered everywhere was read.
+    read_at: BTreeMap<u64, Instant>,
     /// Each worker's source position after an epoch, by epoch.
     positions: BTreeMap<u64, Vec<KafkaPosition>>,
     /// Per worker: every epoch before this one is delivered.
@@ -186,7 +196,20 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let (output_topic, in_flight, idle_exit) = (args.output_topic.clone(), args.epochs_in_flight, args.idle_exit);
     let checkpointing = store.is_some();
     let state = Arc::clone(&shared);
+    let metrics = Arc::new(Mutex::new(Metrics::default()));
+    let endpoint_stop = Arc::new(AtomicBool::new(false));
+    let endpoint = match args.metrics_port {
+        Some(port) => {
+            let addr = std::net::SocketAddr::new(args.metrics_host, port);
+            let (_, thread) = serve_http(addr, Arc::clone(&metrics), Arc::clone(&endpoint_stop))
+                .with_context(|| format!("cannot serve metrics on {addr}; choose another --metrics-port"))?;
+            Some(thread)
+        }
+        None => None,
+    };
+    let worker_metrics = Arc::clone(&metrics);
     let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
+        let metrics = &worker_metrics;
         let (index, peers) = (worker.index(), worker.peers());
         let fail = |e: String| {
             state.lock().unwrap().error.get_or_insert(e);
@@ -208,12 +231,8 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         let mut records = InputHandleVec::new();
         let mut positions = InputHandleVec::new();
         let probe = ProbeHandle::new();
-        let (s1, s2, s3, s4) = (
-            Arc::clone(&state),
-            Arc::clone(&state),
-            Arc::clone(&state),
-            Arc::clone(&state),
-        );
+        let (s1, s2, s4) = (Arc::clone(&state), Arc::clone(&state), Arc::clone(&state));
+        let (m1, m2, m3) = (Arc::clone(&metrics), Arc::clone(&metrics), Arc::clone(&metrics));
         let (p1, d1, scale) = (Rc::clone(&predictions), Rc::clone(&dead), scaling.clone());
         let (store, learner) = (store.clone(), learner.clone());
 
@@ -224,10 +243,9 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                     let Ok((_, batch)) = event else { return };
                     let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
                     let sent = p1.send(&out);
-                    let mut s = s1.lock().unwrap();
                     match sent {
-                        Ok(()) => s.summary.predictions += out.len() as u64,
-                        Err(e) => drop(s.error.get_or_insert(e.to_string())),
+                        Ok(()) => m1.lock().unwrap().predictions_out += out.len() as u64,
+                        Err(e) => drop(s1.lock().unwrap().error.get_or_insert(e.to_string())),
                     }
                 })
                 .probe_with(&probe);
@@ -238,15 +256,12 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                     if let Err(e) = d1.send(&letters) {
                         s2.lock().unwrap().error.get_or_insert(e.to_string());
                     }
-                    s2.lock().unwrap().summary.dead_letters += letters.len() as u64;
+                    m2.lock().unwrap().dead_letters += letters.len() as u64;
                 })
                 .probe_with(&probe);
-            let updates = gp.updates.inspect(move |u| {
-                let mut s = s3.lock().unwrap();
-                match &u.outcome {
-                    Ok(_) => s.summary.updates += 1,
-                    Err(why) => eprintln!("dualgp serve: epoch {} could not be learned: {why}", u.epoch),
-                }
+            let updates = gp.updates.inspect(move |u| match &u.outcome {
+                Ok(_) => m3.lock().unwrap().updates += 1,
+                Err(why) => eprintln!("dualgp serve: epoch {} could not be learned: {why}", u.epoch),
             });
             match store {
                 Some(store) => {
@@ -258,7 +273,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                             match saved {
                                 Ok(epoch) => {
                                     s.checkpointed = Some(*epoch);
-                                    s.summary.last_checkpoint = Some(*epoch);
+                                    s.last_checkpoint = Some(*epoch);
                                 }
                                 Err(e) => drop(s.error.get_or_insert(format!("cannot checkpoint: {e}"))),
                             }
@@ -287,6 +302,10 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             if index == 0 {
                 let mut s = state.lock().unwrap();
                 let everyone = s.delivered.iter().copied().min().unwrap_or(0);
+                while let Some(entry) = s.read_at.first_entry().filter(|e| *e.key() < everyone) {
+                    let latency = entry.remove().elapsed().as_secs_f64();
+                    metrics.lock().unwrap().observe_epoch_latency(latency);
+                }
                 let safe = if checkpointing {
                     s.checkpointed.map_or(0, |e| e + 1)
                 } else {
@@ -301,7 +320,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                             match source.commit(&merged) {
                                 Ok(()) => {
                                     committed = Some(epoch);
-                                    s.summary.committed_epoch = Some(epoch);
+                                    s.committed_epoch = Some(epoch);
                                 }
                                 Err(e) => eprintln!("dualgp serve: {e}"),
                             }
@@ -325,9 +344,12 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             }
             {
                 let mut s = state.lock().unwrap();
-                s.summary.records += part.records.len() as u64;
-                s.summary.dead_letters += part.dead_letters.len() as u64;
-                s.summary.epochs = s.summary.epochs.max(part.epoch + 1);
+                let mut m = metrics.lock().unwrap();
+                m.records_in += part.records.len() as u64;
+                m.dead_letters += part.dead_letters.len() as u64;
+                m.epochs = m.epochs.max(part.epoch + 1);
+                drop(m);
+                s.read_at.entry(part.epoch).or_insert_with(Instant::now);
                 s.positions.entry(part.epoch).or_default().push(part.position.clone());
                 if !part.records.is_empty() || !part.dead_letters.is_empty() {
                     s.last_input = Some(Instant::now());
@@ -365,14 +387,26 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         settle(&probe, &source, true);
     })
     .map_err(|e| anyhow::anyhow!("cannot start {} workers: {e}", args.workers))?;
-    for result in workers.join() {
-        result.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
+    let joined: Result<Vec<()>, String> = workers.join().into_iter().collect();
+    endpoint_stop.store(true, Ordering::SeqCst);
+    if let Some(thread) = endpoint {
+        let _ = thread.join();
     }
+    joined.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
     let s = std::mem::take(&mut *shared.lock().unwrap());
     if let Some(e) = s.error {
         bail!("{e}");
     }
-    Ok(s.summary)
+    let m = metrics.lock().unwrap();
+    Ok(ServeSummary {
+        records: m.records_in,
+        predictions: m.predictions_out,
+        dead_letters: m.dead_letters,
+        epochs: m.epochs,
+        updates: m.updates,
+        last_checkpoint: s.last_checkpoint,
+        committed_epoch: s.committed_epoch,
+    })
 }
 
 /// JSON fields `id`, `x0..`, `y`, with labels checked for the likelihood.

@@ -8,8 +8,10 @@
 mod broker;
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
@@ -82,8 +84,11 @@ fn consume_all(address: &str, topic: &str, partitions: i32) -> Vec<String> {
     out
 }
 
-fn serve(address: &str, checkpoints: &Path, workers: &str) -> String {
-    let out = dualgp(&[
+/// Runs serve to its idle exit; with `metrics_port`, also returns the last
+/// metrics page read while it ran.
+fn serve(address: &str, checkpoints: &Path, workers: &str, metrics_port: Option<u16>) -> (String, String) {
+    let port = metrics_port.map(|p| p.to_string());
+    let mut args = vec![
         "serve",
         "--brokers",
         address,
@@ -105,10 +110,40 @@ fn serve(address: &str, checkpoints: &Path, workers: &str) -> String {
         "20",
         "--checkpoint-dir",
         checkpoints.to_str().unwrap(),
-    ]);
+    ];
+    if let Some(port) = &port {
+        args.extend(["--metrics-port", port]);
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the dualgp binary runs");
+    let mut page = String::new();
+    if let Some(port) = metrics_port {
+        // Read the endpoint until every record is counted (bounded: the run itself is).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && !page.contains("dualgp_predictions_out_total 300") {
+            if let Some(p) = get_metrics(port) {
+                page = p;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "serve failed: {stderr}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (String::from_utf8_lossy(&out.stdout).into_owned(), page)
+}
+
+fn get_metrics(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
 }
 
 /// Prediction count per id on `out`, checking each message's shape.
@@ -148,13 +183,24 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     batch.extend(malformed.iter().map(|m| ("bad".to_string(), m.to_string())));
     produce(&address, "in", &batch);
 
-    let stdout = serve(&address, checkpoints.path(), "2");
+    let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (stdout, page) = serve(&address, checkpoints.path(), "2", Some(metrics_port));
     assert!(stdout.contains("300 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
     let seen = predictions(&address);
     assert_eq!(seen.len(), 300, "{stdout}");
     assert!(seen.values().all(|&n| n == 1), "scored twice: {seen:?}");
     assert!(first.iter().all(|(id, _)| seen.contains_key(id)));
+
+    // The metrics endpoint counted them while serve ran.
+    for line in [
+        "dualgp_predictions_out_total 300",
+        "dualgp_records_in_total 300",
+        "dualgp_dead_letters_total 5",
+    ] {
+        assert!(page.lines().any(|l| l == line), "no `{line}` in\n{page}");
+    }
+    assert!(page.contains("dualgp_epoch_latency_seconds_count"), "{page}");
 
     let dlq = consume_all(&address, "in.dlq", 1);
     assert_eq!(dlq.len(), malformed.len(), "{dlq:?}");
@@ -172,7 +218,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     // A restart resumes after the checkpoint: only the new records are scored.
     let batch: Vec<(String, String)> = second.iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
     produce(&address, "in", &batch);
-    let stdout = serve(&address, checkpoints.path(), "1");
+    let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
     let seen = predictions(&address);

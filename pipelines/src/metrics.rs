@@ -1,0 +1,153 @@
+//! `serve`'s metrics in the Prometheus text format, on a small HTTP endpoint
+//! (127.0.0.1 by default): counters of records in and out and dead letters,
+//! and a histogram of epoch latency (first record read → predictions delivered).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the latency buckets.
+const LATENCY_BOUNDS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub records_in: u64,
+    pub predictions_out: u64,
+    pub dead_letters: u64,
+    pub updates: u64,
+    pub epochs: u64,
+    latency_counts: [u64; LATENCY_BOUNDS.len()],
+    latency_sum: f64,
+    latency_count: u64,
+}
+
+impl Metrics {
+    pub fn observe_epoch_latency(&mut self, seconds: f64) {
+        for (count, bound) in self.latency_counts.iter_mut().zip(LATENCY_BOUNDS) {
+            if seconds <= bound {
+                *count += 1;
+            }
+        }
+        self.latency_sum += seconds;
+        self.latency_count += 1;
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counters = [
+            (
+                "dualgp_records_in_total",
+                "Records decoded from the input.",
+                self.records_in,
+            ),
+            (
+                "dualgp_predictions_out_total",
+                "Predictions delivered.",
+                self.predictions_out,
+            ),
+            (
+                "dualgp_dead_letters_total",
+                "Messages or records sent to the dead-letter topic.",
+                self.dead_letters,
+            ),
+            ("dualgp_updates_total", "Model updates applied.", self.updates),
+            ("dualgp_epochs_total", "Epochs read.", self.epochs),
+        ];
+        for (name, help, value) in counters {
+            out += &format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
+        }
+        let name = "dualgp_epoch_latency_seconds";
+        out += &format!("# HELP {name} From an epoch's first record read to its predictions delivered.\n");
+        out += &format!("# TYPE {name} histogram\n");
+        for (bound, count) in LATENCY_BOUNDS.iter().zip(self.latency_counts) {
+            out += &format!("{name}_bucket{{le=\"{bound}\"}} {count}\n");
+        }
+        out += &format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.latency_count);
+        out += &format!("{name}_sum {}\n{name}_count {}\n", self.latency_sum, self.latency_count);
+        out
+    }
+}
+
+/// Answers every HTTP request on `addr` with the metrics until `stop` is set.
+/// Returns the bound address (port 0 picks a free one) and the thread.
+pub fn serve_http(
+    addr: SocketAddr,
+    metrics: Arc<Mutex<Metrics>>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    // Non-blocking accept, so the thread notices `stop` within a tick.
+    listener.set_nonblocking(true)?;
+    let thread = std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+                    // The request itself does not matter: every path gets the metrics.
+                    let mut request = [0u8; 1024];
+                    let _ = stream.read(&mut request);
+                    let body = metrics.lock().map(|m| m.render()).unwrap_or_default();
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    });
+    Ok((bound, thread))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpStream;
+
+    use super::*;
+
+    #[test]
+    fn the_endpoint_answers_with_counters_and_a_cumulative_histogram() {
+        let metrics = Arc::new(Mutex::new(Metrics::default()));
+        {
+            let mut m = metrics.lock().unwrap();
+            m.records_in = 12;
+            m.predictions_out = 10;
+            m.dead_letters = 2;
+            for s in [0.02, 0.3, 0.3, 7.0] {
+                m.observe_epoch_latency(s);
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (addr, thread) = serve_http("127.0.0.1:0".parse().unwrap(), metrics, Arc::clone(&stop)).unwrap();
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        stop.store(true, Ordering::SeqCst);
+        thread.join().unwrap();
+
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        for line in [
+            "dualgp_records_in_total 12",
+            "dualgp_predictions_out_total 10",
+            "dualgp_dead_letters_total 2",
+            "dualgp_epoch_latency_seconds_bucket{le=\"0.025\"} 1",
+            "dualgp_epoch_latency_seconds_bucket{le=\"0.5\"} 3",
+            "dualgp_epoch_latency_seconds_bucket{le=\"5\"} 3",
+            "dualgp_epoch_latency_seconds_bucket{le=\"10\"} 4",
+            "dualgp_epoch_latency_seconds_bucket{le=\"+Inf\"} 4",
+            "dualgp_epoch_latency_seconds_count 4",
+        ] {
+            assert!(answer.lines().any(|l| l == line), "no `{line}` in\n{answer}");
+        }
+    }
+}
