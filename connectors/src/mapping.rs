@@ -11,6 +11,7 @@
 //! event_time = "t"                # optional
 //! ```
 
+use dualgp_operators::model::Likelihood;
 use serde::{Deserialize, Serialize};
 
 use crate::dead_letter::{number_text, Reason};
@@ -51,6 +52,21 @@ impl Default for ColumnMapping {
 }
 
 impl ColumnMapping {
+    /// The default layout with labels checked for `likelihood`: class indices,
+    /// counts or real numbers.
+    pub fn for_likelihood(likelihood: &Likelihood) -> Self {
+        let mapping = ColumnMapping::default();
+        match likelihood {
+            Likelihood::Bernoulli { .. } => mapping.with_classes(2),
+            Likelihood::Softmax { classes, .. } => mapping.with_classes(*classes),
+            Likelihood::Poisson => ColumnMapping {
+                labels: LabelKind::Count,
+                ..mapping
+            },
+            Likelihood::Gaussian { .. } | Likelihood::StudentT { .. } => mapping,
+        }
+    }
+
     /// Labels are class indices `0..classes`.
     pub fn with_classes(mut self, classes: usize) -> Self {
         self.labels = LabelKind::Classes(classes);

@@ -128,7 +128,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         bail!("--epochs-in-flight 0: allow at least one epoch in flight");
     }
     let config = ParquetSourceConfig {
-        mapping: mapping_for(&likelihood),
+        mapping: ColumnMapping::for_likelihood(&likelihood),
         epochs: EpochRule::Rows(args.batch_size),
         ..ParquetSourceConfig::default()
     };
@@ -284,20 +284,6 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         learner: collected.last_model,
         scaling,
     })
-}
-
-/// The columns of the data sets (`id`, `x0..`, `y`), with labels checked for the likelihood.
-fn mapping_for(likelihood: &Likelihood) -> ColumnMapping {
-    let mapping = ColumnMapping::default();
-    match likelihood {
-        Likelihood::Bernoulli { .. } => mapping.with_classes(2),
-        Likelihood::Softmax { classes, .. } => mapping.with_classes(*classes),
-        Likelihood::Poisson => ColumnMapping {
-            labels: dualgp_connectors::LabelKind::Count,
-            ..mapping
-        },
-        Likelihood::Gaussian { .. } | Likelihood::StudentT { .. } => mapping,
-    }
 }
 
 /// The first epoch's valid records, the feature count and the number of

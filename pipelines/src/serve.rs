@@ -23,7 +23,7 @@ use clap::Args;
 use dualgp_connectors::kafka::{create_topic, dlq_topic, topic_partitions};
 use dualgp_connectors::{
     ColumnMapping, DeadLetter, DeadLetterProducer, KafkaConnection, KafkaPosition, KafkaSource, KafkaSourceConfig,
-    LabelKind, PredictionProducer, StartOffset, WorkerShare,
+    PredictionProducer, StartOffset, WorkerShare,
 };
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, LearnGp, Record, WriteCheckpoints};
 use dualgp_operators::model::{Likelihood, SequentialLearner};
@@ -105,7 +105,6 @@ pub struct ServeSummary {
 /// Where the stream stands, shared by the workers of this process.
 #[derive(Default)]
 struct Shared {
-    last_checkpoint: Option<u64>,
     committed_epoch: Option<u64>,
     /// When each epoch not yet delivered everywhere was read.
     read_at: BTreeMap<u64, Instant>,
@@ -144,7 +143,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         connection: conn.clone(),
         topic: args.input_topic.clone(),
         group_id: args.group_id.clone(),
-        mapping: mapping_for(&likelihood),
+        mapping: ColumnMapping::for_likelihood(&likelihood),
         epoch_records: args.batch_size,
         epoch_ms: args.batch_timeout_ms,
         start: StartOffset::Committed,
@@ -193,7 +192,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         last_input: Some(Instant::now()),
         ..Shared::default()
     }));
-    let (output_topic, in_flight, idle_exit) = (args.output_topic.clone(), args.epochs_in_flight, args.idle_exit);
+    let (in_flight, idle_exit) = (args.epochs_in_flight, args.idle_exit);
     let checkpointing = store.is_some();
     let state = Arc::clone(&shared);
     let metrics = Arc::new(Mutex::new(Metrics::default()));
@@ -208,6 +207,16 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         None => None,
     };
     let worker_metrics = Arc::clone(&metrics);
+    // Every worker's connections, opened before the dataflow so that a failure
+    // is an error here, not one worker missing from the dataflow.
+    let mut opened = Vec::with_capacity(args.workers);
+    for index in 0..args.workers {
+        let source = KafkaSource::open(&config, WorkerShare::new(index, args.workers), resume.as_ref())?;
+        let predictions = PredictionProducer::new(&conn, &args.output_topic)?;
+        let dead = DeadLetterProducer::new(&conn, &args.input_topic)?;
+        opened.push(Some((source, predictions, dead)));
+    }
+    let connections = Mutex::new(opened);
     let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
         let metrics = &worker_metrics;
         let (index, peers) = (worker.index(), worker.peers());
@@ -215,18 +224,10 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             state.lock().unwrap().error.get_or_insert(e);
             stop.store(true, Ordering::SeqCst);
         };
-        let opened = KafkaSource::open(&config, WorkerShare::new(index, peers), resume.as_ref()).and_then(|s| {
-            let predictions = PredictionProducer::new(&config.connection, &output_topic)?;
-            let dead = DeadLetterProducer::new(&config.connection, &config.topic)?;
-            Ok((s, Rc::new(predictions), Rc::new(dead)))
-        });
-        let (mut source, predictions, dead) = match opened {
-            Ok(opened) => opened,
-            Err(e) => {
-                fail(e.to_string());
-                return;
-            }
-        };
+        let (mut source, predictions, dead) = connections.lock().unwrap()[index]
+            .take()
+            .expect("opened for every worker");
+        let (predictions, dead) = (Rc::new(predictions), Rc::new(dead));
 
         let mut records = InputHandleVec::new();
         let mut positions = InputHandleVec::new();
@@ -273,7 +274,6 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                             match saved {
                                 Ok(epoch) => {
                                     s.checkpointed = Some(*epoch);
-                                    s.last_checkpoint = Some(*epoch);
                                 }
                                 Err(e) => drop(s.error.get_or_insert(format!("cannot checkpoint: {e}"))),
                             }
@@ -404,23 +404,9 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         dead_letters: m.dead_letters,
         epochs: m.epochs,
         updates: m.updates,
-        last_checkpoint: s.last_checkpoint,
+        last_checkpoint: s.checkpointed,
         committed_epoch: s.committed_epoch,
     })
-}
-
-/// JSON fields `id`, `x0..`, `y`, with labels checked for the likelihood.
-fn mapping_for(likelihood: &Likelihood) -> ColumnMapping {
-    let mapping = ColumnMapping::default();
-    match likelihood {
-        Likelihood::Bernoulli { .. } => mapping.with_classes(2),
-        Likelihood::Softmax { classes, .. } => mapping.with_classes(*classes),
-        Likelihood::Poisson => ColumnMapping {
-            labels: LabelKind::Count,
-            ..mapping
-        },
-        Likelihood::Gaussian { .. } | Likelihood::StudentT { .. } => mapping,
-    }
 }
 
 /// The first epoch's worth of records (from the resume point), read without
