@@ -4,7 +4,7 @@
 //! `dualgp replay` does (score each epoch, then learn from it); the final
 //! model is then scored on held-out points.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -19,6 +19,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::model_args::ModelArgs;
 use crate::replay::{self, ReplayArgs, ReplayReport};
+use crate::report;
 
 /// The latent field of the generated data: smooth bumps on the unit square.
 fn field(x0: f64, x1: f64) -> f64 {
@@ -38,6 +39,8 @@ pub fn generate(n: usize, noise: f64, rng: &mut ChaCha8Rng) -> Data {
 pub struct DemoReport {
     /// The stream as `replay` saw it: prequential figures per epoch.
     pub replay: ReplayReport,
+    /// The plots written.
+    pub plots: Vec<PathBuf>,
     pub model: SequentialLearner,
     pub test_nlpd: f64,
     pub test_rmse: f64,
@@ -45,7 +48,8 @@ pub struct DemoReport {
 
 /// Streams `n` generated points in 10 epochs through the operator on
 /// `workers` threads with `m` inducing inputs, then scores 1000 more.
-pub fn run(n: usize, m: usize, workers: usize, seed: u64) -> Result<DemoReport> {
+/// Plots go to `plots` (a directory).
+pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Result<DemoReport> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let train = generate(n, 0.1, &mut rng);
     let test = generate(1000, 0.1, &mut rng);
@@ -73,7 +77,9 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64) -> Result<DemoReport> 
     let s = &outcome.scaling;
     let scaled = Data::new(s.transform_x(test.x()), s.transform_y(test.y().as_slice()))?;
     let metrics = model.evaluate(&scaled)?;
+    let plots = report::write(plots, &outcome.report, &outcome.hyperparameters, &model, s)?;
     Ok(DemoReport {
+        plots,
         replay: outcome.report,
         model,
         test_nlpd: metrics.nlpd + s.y_std.ln(),

@@ -46,18 +46,7 @@ pub fn inspect(path: &Path) -> Result<ModelSummary> {
     };
     let learner = &checkpoint.learner;
     let kernel = learner.kernel();
-    let mut hyperparameters: Vec<(String, f64)> = kernel
-        .param_names()
-        .into_iter()
-        .zip(kernel.log_params().iter().map(|p| p.exp()))
-        .collect();
-    hyperparameters.extend(
-        learner
-            .likelihood
-            .param_names()
-            .into_iter()
-            .zip(learner.likelihood.log_params().iter().map(|p| p.exp())),
-    );
+    let hyperparameters = learner.hyperparameters();
     let posterior = learner.posterior();
     Ok(ModelSummary {
         checkpoint: file,

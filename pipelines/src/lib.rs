@@ -11,4 +11,5 @@ pub mod model_args;
 pub mod pipeline;
 pub mod protocol;
 pub mod replay;
+pub mod report;
 pub mod serve;

@@ -30,6 +30,9 @@ enum Command {
         workers: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Where the SVG plots go.
+        #[arg(long, default_value = "dualgp-demo")]
+        plots: std::path::PathBuf,
     },
     /// Evaluate a learner on a data set batch by batch (docs/EVALUATION.md) and write a JSON report.
     Eval(Box<eval::EvalArgs>),
@@ -69,8 +72,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             inducing,
             workers,
             seed,
+            plots,
         } => {
-            let report = demo::run(n, inducing, workers, seed).context("the demo failed")?;
+            let report = demo::run(n, inducing, workers, seed, &plots).context("the demo failed")?;
             let r = &report.replay;
             println!(
                 "dualgp demo: a stream of {} noisy points of a smooth 2-D field (noise sd 0.1), {} epochs on {} workers",
@@ -89,6 +93,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("  hyperparameters on the standardised scale:");
             for (name, value) in kernel.param_names().iter().zip(kernel.log_params()) {
                 println!("    {name} = {:.4}", value.exp());
+            }
+            for plot in &report.plots {
+                println!("  plot: {}", plot.display());
             }
             Ok(())
         }

@@ -101,6 +101,8 @@ pub struct ReplayOutcome {
     pub report: ReplayReport,
     pub learner: Option<SequentialLearner>,
     pub scaling: Standardizer,
+    /// Kernel and likelihood hyperparameters after each update, by name.
+    pub hyperparameters: Vec<(u64, Vec<(String, f64)>)>,
 }
 
 /// What the workers hand to the writer (worker 0), by epoch.
@@ -111,6 +113,7 @@ struct Collected {
     labels: BTreeMap<i64, f64>,
     failed_updates: Vec<(u64, String)>,
     last_model: Option<SequentialLearner>,
+    hyperparameters: Vec<(u64, Vec<(String, f64)>)>,
     counters: Counters,
     error: Option<String>,
 }
@@ -196,6 +199,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
                     if let Err(why) = &u.outcome {
                         c.failed_updates.push((u.epoch, why.clone()));
                     }
+                    c.hyperparameters.push((u.epoch, u.learner.hyperparameters()));
                     c.last_model = Some(u.learner.clone());
                 })
                 .probe_with(&probe);
@@ -283,6 +287,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         report,
         learner: collected.last_model,
         scaling,
+        hyperparameters: collected.hyperparameters,
     })
 }
 

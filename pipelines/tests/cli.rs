@@ -40,7 +40,16 @@ fn assert_fails_with(args: &[&str], needle: &str) {
 
 #[test]
 fn demo_fits_the_generated_field_to_its_noise_level() {
-    let out = dualgp(&["demo", "--n", "800", "--inducing", "30"]);
+    let plots = tempfile::tempdir().unwrap();
+    let out = dualgp(&[
+        "demo",
+        "--n",
+        "800",
+        "--inducing",
+        "30",
+        "--plots",
+        plots.path().to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rmse: f64 = stdout
@@ -50,6 +59,15 @@ fn demo_fits_the_generated_field_to_its_noise_level() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no RMSE in {stdout}"));
     assert!(rmse < 0.13, "demo RMSE {rmse} against noise sd 0.1");
+    // The report: the prequential curve, the hyperparameters, and the 2-D posterior with Z and the memory.
+    for (file, needle) in [
+        ("prequential.svg", "prequential NLPD"),
+        ("hyperparameters.svg", "matern52.lengthscale[1]"),
+        ("posterior.svg", "inducing inputs"),
+    ] {
+        let svg = std::fs::read_to_string(plots.path().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(svg.starts_with("<svg") && svg.contains(needle), "{file} lacks {needle}");
+    }
 }
 
 #[test]

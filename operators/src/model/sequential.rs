@@ -163,6 +163,14 @@ impl SequentialLearner {
         self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
     }
 
+    /// Kernel then likelihood hyperparameters by name, on their natural scale.
+    pub fn hyperparameters(&self) -> Vec<(String, f64)> {
+        let kernel = self.kernel();
+        let names = kernel.param_names().into_iter().chain(self.likelihood.param_names());
+        let values = kernel.log_params().into_iter().chain(self.likelihood.log_params());
+        names.zip(values.map(f64::exp)).collect()
+    }
+
     fn init(&mut self, z: DMatrix<f64>) -> Result<()> {
         let post = DualPosterior::new(self.kernel.clone(), z, self.likelihood.n_latent())?;
         self.memory = Memory::new(post.m(), post.n_latent());

@@ -1,0 +1,221 @@
+//! SVG plots of a replayed stream: the prequential figures and the
+//! hyperparameters epoch by epoch, and for two inputs the posterior mean and
+//! standard deviation with the inducing inputs and the memory drawn on them.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Result};
+use dualgp_operators::model::{Predictive, SequentialLearner};
+use nalgebra::DMatrix;
+use plotters::prelude::*;
+
+use crate::protocol::Standardizer;
+use crate::replay::ReplayReport;
+
+/// Writes `prequential.svg`, `hyperparameters.svg` and, for 2-D inputs,
+/// `posterior.svg` into `dir`; returns their paths.
+pub fn write(
+    dir: &Path,
+    replay: &ReplayReport,
+    history: &[(u64, Vec<(String, f64)>)],
+    model: &SequentialLearner,
+    scaling: &Standardizer,
+) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = vec![dir.join("prequential.svg"), dir.join("hyperparameters.svg")];
+    prequential(&written[0], replay)?;
+    hyperparameters(&written[1], history)?;
+    if scaling.x_mean.len() == 2 {
+        written.push(dir.join("posterior.svg"));
+        posterior(&written[2], model, scaling)?;
+    }
+    Ok(written)
+}
+
+/// plotters' errors carry the backend's type; the command only needs the text.
+fn plot_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow!("cannot draw the plot: {e}")
+}
+
+/// Dark violet (low) to yellow (high).
+fn ramp(t: f64) -> RGBColor {
+    let mix = |a: f64, b: f64| (a + (b - a) * t.clamp(0.0, 1.0)).round() as u8;
+    RGBColor(mix(68.0, 253.0), mix(1.0, 231.0), mix(84.0, 37.0))
+}
+
+fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let pad = ((hi - lo) * 0.05).max(1e-9);
+    (lo - pad)..(hi + pad)
+}
+
+fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 400)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let (left, right) = root.split_horizontally(450);
+    let scores = &replay.epoch_scores;
+    let epochs = range(scores.iter().map(|s| s.epoch as f64));
+    let series: [(&str, Vec<(f64, f64)>); 2] = [
+        (
+            "prequential NLPD",
+            scores.iter().map(|s| (s.epoch as f64, s.nlpd)).collect(),
+        ),
+        (
+            if scores.iter().any(|s| s.accuracy.is_some()) {
+                "prequential accuracy"
+            } else {
+                "prequential RMSE"
+            },
+            scores
+                .iter()
+                .filter_map(|s| s.rmse.or(s.accuracy).map(|v| (s.epoch as f64, v)))
+                .collect(),
+        ),
+    ];
+    for (area, (name, points)) in [left, right].iter().zip(series) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(name, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(epochs.clone(), range(points.iter().map(|p| p.1)))
+            .map_err(plot_error)?;
+        chart.configure_mesh().x_desc("epoch").draw().map_err(plot_error)?;
+        chart
+            .draw_series(LineSeries::new(points.clone(), &BLUE))
+            .map_err(plot_error)?;
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
+            .map_err(plot_error)?;
+    }
+    root.present().map_err(plot_error)
+}
+
+fn hyperparameters(path: &Path, history: &[(u64, Vec<(String, f64)>)]) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let names: Vec<String> = history
+        .first()
+        .map(|h| h.1.iter().map(|p| p.0.clone()).collect())
+        .unwrap_or_default();
+    let epochs = range(history.iter().map(|h| h.0 as f64));
+    let logs = range(history.iter().flat_map(|h| h.1.iter().map(|p| p.1.log10())));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "hyperparameters after each epoch (log10, on the standardised scale)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(epochs, logs)
+        .map_err(plot_error)?;
+    chart.configure_mesh().x_desc("epoch").draw().map_err(plot_error)?;
+    for (k, name) in names.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let points: Vec<(f64, f64)> = history.iter().map(|(e, p)| (*e as f64, p[k].1.log10())).collect();
+        chart
+            .draw_series(LineSeries::new(points, color))
+            .map_err(plot_error)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)
+}
+
+/// Mean and standard deviation of `y` over the inputs' range, on the data's scale.
+fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> Result<()> {
+    const CELLS: usize = 60;
+    let post = model
+        .posterior()
+        .ok_or_else(|| anyhow!("the model has not learned yet"))?;
+    let memory = model.memory.data(2);
+    // The inputs' range: three standard deviations around the mean, the scale the model learned on.
+    let axis = |j: usize| {
+        (
+            scaling.x_mean[j] - 3.0 * scaling.x_std[j],
+            scaling.x_mean[j] + 3.0 * scaling.x_std[j],
+        )
+    };
+    let (x0, x1) = (axis(0), axis(1));
+    let at = |(lo, hi): (f64, f64), i: usize| lo + (hi - lo) * (i as f64 + 0.5) / CELLS as f64;
+    let grid = DMatrix::from_fn(CELLS * CELLS, 2, |r, j| {
+        let (i, k) = (r / CELLS, r % CELLS);
+        let v = if j == 0 { at(x0, i) } else { at(x1, k) };
+        (v - scaling.x_mean[j]) / scaling.x_std[j]
+    });
+    let moments: Vec<(f64, f64)> = model
+        .predict(&grid)?
+        .into_iter()
+        .map(|p| match p {
+            Predictive::Moments { mean, var } => (mean * scaling.y_std + scaling.y_mean, var.sqrt() * scaling.y_std),
+            Predictive::Classes(probs) => (probs.last().copied().unwrap_or(0.0), 0.0),
+        })
+        .collect();
+    let back = |z: &DMatrix<f64>| -> Vec<(f64, f64)> {
+        (0..z.nrows())
+            .map(|i| {
+                let u = z[(i, 0)] * scaling.x_std[0] + scaling.x_mean[0];
+                let v = z[(i, 1)] * scaling.x_std[1] + scaling.x_mean[1];
+                (u, v)
+            })
+            .collect()
+    };
+    let (inducing, remembered) = (back(&post.z), back(memory.x()));
+
+    let root = SVGBackend::new(path, (1000, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let (left, right) = root.split_horizontally(500);
+    let panels = [("posterior mean of y", 0), ("posterior sd of y (with noise)", 1)];
+    for (area, (title, which)) in [left, right].iter().zip(panels) {
+        let values: Vec<f64> = moments.iter().map(|m| if which == 0 { m.0 } else { m.1 }).collect();
+        let (lo, hi) = values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(*v), h.max(*v)));
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(40)
+            .build_cartesian_2d(x0.0..x0.1, x1.0..x1.1)
+            .map_err(plot_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("x0")
+            .y_desc("x1")
+            .draw()
+            .map_err(plot_error)?;
+        let (w0, w1) = ((x0.1 - x0.0) / CELLS as f64, (x1.1 - x1.0) / CELLS as f64);
+        chart
+            .draw_series(values.iter().enumerate().map(|(r, v)| {
+                let (i, k) = (r / CELLS, r % CELLS);
+                let (u, w) = (x0.0 + i as f64 * w0, x1.0 + k as f64 * w1);
+                let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+                Rectangle::new([(u, w), (u + w0, w + w1)], ramp(t).filled())
+            }))
+            .map_err(plot_error)?;
+        chart
+            .draw_series(inducing.iter().map(|&p| Cross::new(p, 4, BLACK.stroke_width(2))))
+            .map_err(plot_error)?
+            .label("inducing inputs")
+            .legend(|(x, y)| Cross::new((x + 8, y), 4, BLACK.stroke_width(2)));
+        chart
+            .draw_series(remembered.iter().map(|&p| Circle::new(p, 3, WHITE.stroke_width(1))))
+            .map_err(plot_error)?
+            .label("memory")
+            .legend(|(x, y)| Circle::new((x + 8, y), 3, BLACK.stroke_width(1)));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot_error)?;
+    }
+    root.present().map_err(plot_error)
+}
