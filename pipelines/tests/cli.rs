@@ -1,17 +1,12 @@
 //! The built `dualgp` binary: the demo runs, `eval` follows its report
 //! contract, and bad invocations fail with one line saying what to change.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
+use common::{assert_fails_with, dualgp};
 use dualgp_connectors::shared_data;
-
-fn dualgp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args(args)
-        .output()
-        .expect("the dualgp binary runs")
-}
 
 fn data(name: &str) -> String {
     let path = shared_data(&format!("{name}.parquet")).unwrap_or_else(|e| panic!("{e}"));
@@ -20,22 +15,6 @@ fn data(name: &str) -> String {
 
 fn report_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("dualgp-cli-{}-{name}.json", std::process::id()))
-}
-
-/// Fails with exit code ≠ 0 and a single stderr line containing `needle`.
-fn assert_fails_with(args: &[&str], needle: &str) {
-    let out = dualgp(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert_eq!(
-        stderr.trim().lines().count(),
-        1,
-        "{args:?}: expected one line, got:\n{stderr}"
-    );
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} does not mention {needle:?}"
-    );
 }
 
 #[test]

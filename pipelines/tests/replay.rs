@@ -3,27 +3,22 @@
 //! the report's prequential figures are those of the written predictions;
 //! bad rows become dead letters and bad invocations one clear line.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatchReader, UInt64Array};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
+use common::{assert_fails_with, dualgp};
 use dualgp_connectors::shared_data;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
-
-fn dualgp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args(args)
-        .output()
-        .expect("the dualgp binary runs")
-}
 
 fn read(path: &Path) -> RecordBatch {
     let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
@@ -236,22 +231,6 @@ fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
     };
     assert_eq!(kinds["non_finite"], 2, "{kinds:?}");
     assert_eq!(kinds["invalid_label"], 1, "{kinds:?}");
-}
-
-/// Fails with exit code ≠ 0 and a single stderr line containing `needle`.
-fn assert_fails_with(args: &[&str], needle: &str) {
-    let out = dualgp(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert_eq!(
-        stderr.trim().lines().count(),
-        1,
-        "{args:?}: expected one line, got:\n{stderr}"
-    );
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} does not mention {needle:?}"
-    );
 }
 
 fn replay_args<'a>(data: &'a str, out: &'a str) -> Vec<&'a str> {

@@ -7,27 +7,23 @@
 #[path = "../../connectors/tests/common/broker.rs"]
 mod broker;
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
+use common::dualgp;
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{shared_data, KafkaConnection, Table};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::{ClientConfig, Message};
-
-fn dualgp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args(args)
-        .output()
-        .expect("the dualgp binary runs")
-}
 
 /// banana's rows as `serve` input messages: `(id, JSON)`.
 fn banana_messages() -> Vec<(i64, String)> {
