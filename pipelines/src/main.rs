@@ -59,7 +59,14 @@ enum Command {
 }
 
 fn main() {
-    if let Err(err) = run(Cli::parse()) {
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        if !e.use_stderr() {
+            e.exit() // --help and --version
+        }
+        eprintln!("dualgp: {}", one_line(&e.to_string()));
+        std::process::exit(2);
+    });
+    if let Err(err) = run(cli) {
         eprintln!("dualgp: {err:#}");
         std::process::exit(1);
     }
@@ -177,6 +184,17 @@ fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
         s.records, s.predictions, s.dead_letters, s.updates, s.epochs
     );
     Ok(())
+}
+
+/// clap's message without its usage block, on one line: every error is one line.
+fn one_line(message: &str) -> String {
+    let said: Vec<&str> = message
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .map(|l| l.trim().trim_start_matches("error: "))
+        .filter(|l| !l.is_empty())
+        .collect();
+    format!("{}; see `dualgp --help`", said.join(" "))
 }
 
 /// A flag SIGINT and SIGTERM set; a second signal exits at once.

@@ -154,3 +154,23 @@ fn eval_refuses_bad_invocations_in_one_line() {
     refuses(&banana, &["--fold", "0", "--order", "sorted:x9"], "x9");
     assert!(!report.exists(), "a failed run wrote a report");
 }
+
+#[test]
+fn a_wrong_or_missing_flag_is_one_line_naming_it() {
+    assert_fails_with(
+        &[
+            "replay",
+            "--data",
+            "x",
+            "--output",
+            "y",
+            "--likelihood",
+            "gaussian",
+            "--batch-sise",
+            "3",
+        ],
+        "--batch-size",
+    );
+    assert_fails_with(&["serve", "--brokers", "127.0.0.1:1"], "--input-topic");
+    assert_fails_with(&["frobnicate"], "frobnicate");
+}
