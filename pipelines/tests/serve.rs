@@ -262,3 +262,69 @@ fn an_unreachable_broker_is_one_line_within_the_timeout() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains(&address), "{stderr}");
 }
+
+#[test]
+fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, "in", 2).unwrap();
+    let messages: Vec<(String, String)> = banana_messages()
+        .into_iter()
+        .take(200)
+        .map(|(id, m)| (id.to_string(), m))
+        .collect();
+    produce(&address, "in", &messages);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = metrics_port.to_string();
+    // No --idle-exit: only the signal stops it.
+    let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
+        .args([
+            "serve",
+            "--brokers",
+            &address,
+            "--input-topic",
+            "in",
+            "--output-topic",
+            "out",
+        ])
+        .args([
+            "--likelihood",
+            "bernoulli",
+            "--batch-size",
+            "100",
+            "--batch-timeout-ms",
+            "300",
+        ])
+        .args(["--inducing", "20", "--metrics-port", &port])
+        .args(["--checkpoint-dir", checkpoints.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline
+        && !get_metrics(metrics_port).is_some_and(|p| p.contains("dualgp_predictions_out_total 200"))
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("200 records scored") && stdout.contains("offsets committed through epoch"),
+        "{stdout}"
+    );
+    assert_eq!(predictions(&address).len(), 200);
+}
