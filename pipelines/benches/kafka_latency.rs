@@ -1,0 +1,576 @@
+//! Kafka round-trip latency of `dualgp serve`: the time from producing a
+//! labelled record to consuming its scored prediction, at a steady 10 000
+//! records/s, against a real Kafka-protocol broker (tansu) on 127.0.0.1.
+//!
+//! For each serve configuration (the default model flags with m = 100, and a
+//! lighter schedule), the bench starts the built `dualgp serve` as a child
+//! process, produces 2000 warm-up records and waits for their predictions (serve
+//! fixes the dimension from its first epoch, and the first updates are not
+//! what a running service sees), then produces for 10 s at 10 000 records/s
+//! while another thread consumes the output topic. Latency is the receive
+//! instant of a prediction minus the send instant of its record, so it includes
+//! the producer's linger, the broker both ways, serve's epoch batching, waiting
+//! for the previous epoch's update, and scoring. It reports p50/p90/p99/max,
+//! the produce rate achieved, the rate predictions came back at, and how many
+//! records got no prediction within 60 s of the end of producing ("lost"; a
+//! lost record is looked for again on the output topic, to tell a prediction
+//! never written from one the consumer missed).
+//! When the learner cannot keep up, records wait in Kafka and latency grows
+//! through the run: the p50 of the first and the last second of sends shows it.
+//!
+//! Writes `target/bench-kafka-latency.json` and prints a markdown table. Run:
+//!
+//! ```text
+//! cargo bench -p dualgp-pipelines --bench kafka_latency
+//! ```
+//!
+//! About two minutes; wall-clock numbers from one run on a shared machine, so
+//! noisy. Only `cargo bench` (which passes `--bench`) runs it: under
+//! `cargo test --all-targets` it returns at once.
+
+#[allow(dead_code)] // only the in-memory broker is used here
+#[path = "../../connectors/tests/common/broker.rs"]
+mod broker;
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use broker::Broker;
+use dualgp_connectors::kafka::create_topic;
+use dualgp_connectors::KafkaConnection;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message};
+use serde_json::{json, Value};
+
+/// Features per record.
+const D: usize = 8;
+/// Records per second, produced at a steady pace.
+const RATE: f64 = 10_000.0;
+/// Records produced (and awaited) before the clock starts.
+const WARMUP: usize = 2000;
+/// How long the measured stream lasts.
+const MEASURE: Duration = Duration::from_secs(10);
+/// Records in the measured stream.
+const MEASURED: usize = 100_000;
+/// Input partitions: one per serve worker.
+const PARTITIONS: usize = 2;
+/// How long predictions are awaited after the last send, at most.
+const DRAIN: Duration = Duration::from_secs(60);
+/// After the last send, this long without any prediction means serve is done
+/// (its epochs last at most about a second even when behind).
+const QUIET: Duration = Duration::from_secs(10);
+/// How long the warm-up predictions are awaited (serve's start included).
+const WARMUP_WAIT: Duration = Duration::from_secs(90);
+/// serve stops after this many seconds without input.
+const IDLE_EXIT: &str = "5";
+
+/// The flags every configuration shares; only the model schedule differs.
+const SERVE_FLAGS: &[&str] = &[
+    "--likelihood",
+    "gaussian",
+    "--batch-size",
+    "1000",
+    "--batch-timeout-ms",
+    "100",
+    "--workers",
+    "2",
+    "--idle-exit",
+    IDLE_EXIT,
+];
+
+struct Setup {
+    name: &'static str,
+    model_flags: &'static [&'static str],
+}
+
+const SETUPS: &[Setup] = &[
+    // The default schedule (30 Adam steps per M-step, pivoted inducing inputs).
+    Setup {
+        name: "default",
+        model_flags: &["--inducing", "100"],
+    },
+    Setup {
+        name: "light",
+        model_flags: &["--m-steps", "5", "--inducing", "50"],
+    },
+];
+
+/// The input stream as JSON messages, indexed by id: y = sin(x0) + 0.5 x1 + noise.
+fn messages(n: usize) -> Vec<String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let noise = Normal::new(0.0, 0.1).unwrap();
+    (0..n)
+        .map(|id| {
+            let x: Vec<f64> = (0..D).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let y = x[0].sin() + 0.5 * x[1] + noise.sample(&mut rng);
+            let features: String = x.iter().enumerate().map(|(j, v)| format!(r#","x{j}":{v}"#)).collect();
+            format!(r#"{{"id":{id}{features},"y":{y}}}"#)
+        })
+        .collect()
+}
+
+/// Sends `messages[first..first + count]` at `RATE` per second, round-robin
+/// over the input partitions, for at most `limit`. Returns each sent record's
+/// send instant, in id order.
+fn produce_paced(
+    address: &str,
+    topic: &str,
+    messages: &[String],
+    first: usize,
+    count: usize,
+    limit: Duration,
+) -> Vec<Instant> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        // Small batches: the producer's linger is part of the latency measured.
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("a producer");
+    let mut sent = Vec::with_capacity(count);
+    let start = Instant::now();
+    while sent.len() < count && start.elapsed() < limit {
+        // Catch up to the schedule: sleeping is coarser than 100 µs.
+        let due = ((start.elapsed().as_secs_f64() * RATE) as usize + 1).min(count);
+        while sent.len() < due {
+            let id = first + sent.len();
+            let key = id.to_string();
+            let record = BaseRecord::to(topic)
+                .key(&key)
+                .payload(&messages[id])
+                .partition((id % PARTITIONS) as i32);
+            let at = Instant::now();
+            match producer.send(record) {
+                Ok(()) => sent.push(at),
+                // The local queue is full: deliver some, retry on the next round.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => break,
+                Err((e, _)) => panic!("cannot produce to `{topic}`: {e}"),
+            }
+        }
+        producer.poll(Duration::ZERO);
+        let next = start + Duration::from_secs_f64(sent.len() as f64 / RATE);
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("all records delivered");
+    sent
+}
+
+/// What the consumer saw: the first receive instant of each id's prediction.
+struct Received {
+    at: Vec<Option<Instant>>,
+    duplicates: usize,
+    malformed: usize,
+    /// Messages read, offsets jumped over between consecutive ones, messages
+    /// whose offset is not above the one before, and the last offset read:
+    /// tells a message the consumer skipped from one that never reached the
+    /// topic. (Not the high watermark: tansu's lags behind what it serves.)
+    read: usize,
+    offset_gaps: i64,
+    offset_repeats: usize,
+    last_offset: i64,
+}
+
+/// Told to the consumer once producing is over: how many ids to wait for, and since when.
+type Plan = Arc<Mutex<Option<(usize, Instant)>>>;
+
+/// Reads every prediction on `topic` (one partition, from the start) until
+/// ids `0..WARMUP + n` have all come, `DRAIN` has passed since producing ended, or
+/// nothing came for `QUIET` after it was set; `warm` counts the warm-up ids
+/// received so far.
+fn consume(address: &str, topic: &str, warm: &AtomicUsize, plan: &Plan) -> Received {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", "kafka-latency-bench")
+        .set("enable.auto.commit", "false")
+        // Answer fetches quickly: the measuring client's long poll is not serve's latency.
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .expect("a consumer");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    // assign, not subscribe: group joins are slow on tansu.
+    consumer.assign(&list).expect("the output partition assigned");
+
+    let mut got = Received {
+        at: vec![None; WARMUP + MEASURED],
+        duplicates: 0,
+        malformed: 0,
+        read: 0,
+        offset_gaps: 0,
+        offset_repeats: 0,
+        last_offset: -1,
+    };
+    let (mut measured, mut last_message) = (0, Instant::now());
+    // A hard stop, should the plan never come.
+    let give_up = Instant::now() + WARMUP_WAIT + 2 * MEASURE + DRAIN;
+    while Instant::now() < give_up {
+        if let Some(&(n, ended)) = plan.lock().unwrap().as_ref() {
+            let quiet = ended.elapsed().min(last_message.elapsed()) >= QUIET;
+            if measured >= n || ended.elapsed() >= DRAIN || quiet {
+                break;
+            }
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(50)) else {
+            continue;
+        };
+        let now = Instant::now();
+        let message = message.expect("reading the predictions");
+        last_message = now;
+        got.read += 1;
+        got.offset_gaps += (message.offset() - got.last_offset - 1).max(0);
+        got.offset_repeats += usize::from(message.offset() <= got.last_offset);
+        got.last_offset = message.offset();
+        let payload: Value = serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null);
+        let id = payload["id"].as_u64().map(|id| id as usize);
+        let Some(id) = id.filter(|&id| id < got.at.len() && payload["mean"].is_number()) else {
+            got.malformed += 1;
+            continue;
+        };
+        if got.at[id].is_some() {
+            got.duplicates += 1;
+            continue;
+        }
+        got.at[id] = Some(now);
+        if id < WARMUP {
+            warm.fetch_add(1, Ordering::SeqCst);
+        } else {
+            measured += 1;
+        }
+    }
+    got
+}
+
+/// How many of `ids` have a prediction on `topic`, read again from the start
+/// by a fresh consumer (until nothing new for 3 s, at most 60 s).
+fn recount(address: &str, topic: &str, ids: &[usize]) -> usize {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", "kafka-latency-recount")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a consumer");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    consumer.assign(&list).expect("the output partition assigned");
+    let wanted: std::collections::HashSet<usize> = ids.iter().copied().collect();
+    let mut found = std::collections::HashSet::new();
+    let (start, mut last) = (Instant::now(), Instant::now());
+    while last.elapsed() < Duration::from_secs(3) && start.elapsed() < Duration::from_secs(60) {
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) {
+            last = Instant::now();
+            let payload: Value = serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null);
+            if let Some(id) = payload["id"]
+                .as_u64()
+                .map(|id| id as usize)
+                .filter(|id| wanted.contains(id))
+            {
+                found.insert(id);
+            }
+        }
+    }
+    found.len()
+}
+
+/// `dualgp serve` as a child process, its output in files; killed if still running when dropped.
+struct Serve {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(address: &str, input: &str, output: &str, model_flags: &[&str]) -> Serve {
+        let dir = tempfile::tempdir().unwrap();
+        let stdout = File::create(dir.path().join("stdout")).unwrap();
+        let stderr = File::create(dir.path().join("stderr")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
+            .args([
+                "serve",
+                "--brokers",
+                address,
+                "--input-topic",
+                input,
+                "--output-topic",
+                output,
+            ])
+            .args(SERVE_FLAGS)
+            .args(model_flags)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("the dualgp binary runs");
+        Serve { child, dir }
+    }
+
+    fn output(&self) -> String {
+        let read = |name| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        format!("{}{}", read("stdout"), read("stderr")).trim().to_owned()
+    }
+
+    /// Waits (bounded) for serve to stop by itself after `--idle-exit`; kills it otherwise.
+    fn finish(&mut self, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            match self.child.try_wait().unwrap() {
+                Some(status) if status.success() => return self.output(),
+                Some(status) => return format!("serve failed ({status}): {}", self.output()),
+                None if Instant::now() >= deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return format!("still running after {limit:?}, killed; {}", self.output());
+                }
+                None => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn median_ms(mut latencies: Vec<f64>) -> f64 {
+    latencies.sort_by(f64::total_cmp);
+    quantile(&latencies, 0.5)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One configuration, start to finish, on topics of its own.
+fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
+    let (input, output) = (format!("in-{}", setup.name), format!("out-{}", setup.name));
+    let conn = KafkaConnection::new(address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, &input, PARTITIONS as i32).expect("the input topic");
+    // Created here so the consumer can be assigned before serve writes to it.
+    create_topic(&conn, &output, 1).expect("the output topic");
+
+    let warm = Arc::new(AtomicUsize::new(0));
+    let plan: Plan = Arc::new(Mutex::new(None));
+    let consumer = {
+        let (address, output, warm, plan) = (address.to_owned(), output.clone(), Arc::clone(&warm), Arc::clone(&plan));
+        thread::spawn(move || consume(&address, &output, &warm, &plan))
+    };
+    let mut serve = Serve::start(address, &input, &output, setup.model_flags);
+
+    produce_paced(address, &input, messages, 0, WARMUP, Duration::from_secs(10));
+    let waiting = Instant::now();
+    while warm.load(Ordering::SeqCst) < WARMUP {
+        if waiting.elapsed() > WARMUP_WAIT {
+            panic!(
+                "{}: {} of {WARMUP} warm-up predictions within {WARMUP_WAIT:?}; serve: {}",
+                setup.name,
+                warm.load(Ordering::SeqCst),
+                serve.output()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let warmup_s = waiting.elapsed().as_secs_f64();
+    // Let the last warm-up update finish, well within serve's idle exit.
+    thread::sleep(Duration::from_secs(1));
+
+    let sends = {
+        let (address, input, messages) = (address.to_owned(), input.clone(), Arc::clone(messages));
+        thread::spawn(move || {
+            produce_paced(
+                &address,
+                &input,
+                &messages,
+                WARMUP,
+                MEASURED,
+                MEASURE + Duration::from_secs(5),
+            )
+        })
+        .join()
+        .expect("the producer thread")
+    };
+    *plan.lock().unwrap() = Some((sends.len(), Instant::now()));
+    let received = consumer.join().expect("the consumer thread");
+    let serve_says = serve.finish(Duration::from_secs(30));
+
+    let arrivals: Vec<Option<Instant>> = received.at[WARMUP..WARMUP + sends.len()].to_vec();
+    let latencies: Vec<(Instant, f64)> = sends
+        .iter()
+        .zip(&arrivals)
+        .filter_map(|(&sent, got)| got.map(|got| (sent, ms(got.duration_since(sent)))))
+        .collect();
+    let lost = sends.len() - latencies.len();
+    // Where the lost ones went: on the topic (the consumer missed them) or never written.
+    let missing: Vec<usize> = (0..sends.len())
+        .filter(|&i| arrivals[i].is_none())
+        .map(|i| WARMUP + i)
+        .collect();
+    let lost_but_on_topic = if missing.is_empty() {
+        0
+    } else {
+        recount(address, &output, &missing)
+    };
+    let mut sorted: Vec<f64> = latencies.iter().map(|&(_, l)| l).collect();
+    sorted.sort_by(f64::total_cmp);
+
+    let (first_send, last_send) = (sends[0], *sends.last().unwrap());
+    let produce_rate = (sends.len() - 1) as f64 / last_send.duration_since(first_send).as_secs_f64();
+    let first_got = arrivals.iter().flatten().min().copied();
+    let last_got = arrivals.iter().flatten().max().copied();
+    let (receive_rate, drain_s) = match (first_got, last_got) {
+        (Some(a), Some(b)) if b > a => (
+            (latencies.len() - 1) as f64 / b.duration_since(a).as_secs_f64(),
+            b.saturating_duration_since(last_send).as_secs_f64(),
+        ),
+        _ => (f64::NAN, f64::NAN),
+    };
+    // The p50 of records sent in the first and in the last second: a learner
+    // that falls behind shows as a growing latency.
+    let second = Duration::from_secs(1);
+    let window = |from: Instant, to: Instant| {
+        median_ms(
+            latencies
+                .iter()
+                .filter(|&&(s, _)| s >= from && s < to)
+                .map(|&(_, l)| l)
+                .collect(),
+        )
+    };
+    let p50_first_second = window(first_send, first_send + second);
+    let p50_last_second = window(last_send - second, last_send + Duration::from_millis(1));
+
+    let flags: Vec<&str> = SERVE_FLAGS.iter().chain(setup.model_flags).copied().collect();
+    json!({
+        "name": setup.name,
+        "flags": flags.join(" "),
+        "records_measured": sends.len(),
+        "received": latencies.len(),
+        "lost": lost,
+        "duplicates": received.duplicates,
+        "malformed": received.malformed,
+        "lost_but_on_topic": lost_but_on_topic,
+        "lost_ids_sample": missing.iter().take(10).collect::<Vec<_>>(),
+        "lost_ids_span": missing.first().zip(missing.last()),
+        "output_messages_read": received.read,
+        "output_offset_gaps": received.offset_gaps,
+        "output_offset_repeats": received.offset_repeats,
+        "output_last_offset": received.last_offset,
+        "latency_ms": {
+            "p50": quantile(&sorted, 0.5),
+            "p90": quantile(&sorted, 0.9),
+            "p99": quantile(&sorted, 0.99),
+            "max": sorted.last().copied().unwrap_or(f64::NAN),
+            "p50_first_second": p50_first_second,
+            "p50_last_second": p50_last_second,
+        },
+        "produce_rate_per_s": produce_rate,
+        "prediction_receive_rate_per_s": receive_rate,
+        "drain_after_last_send_s": drain_s,
+        "warmup_wait_s": warmup_s,
+        "serve_output": serve_says,
+    })
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` does not, and
+    // should not start a broker for two minutes.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("kafka_latency: run with `cargo bench -p dualgp-pipelines --bench kafka_latency`");
+        return;
+    }
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let messages = Arc::new(messages(WARMUP + MEASURED));
+    let broker = Broker::start();
+    let address = broker.address();
+
+    let results: Vec<Value> = SETUPS
+        .iter()
+        .map(|setup| {
+            eprintln!("kafka_latency: measuring `{}` …", setup.name);
+            measure(&address, setup, &messages)
+        })
+        .collect();
+    drop(broker);
+
+    println!("\nKafka round trip of `dualgp serve` at {RATE} records/s for {MEASURE:?} (2 workers, d = {D}):\n");
+    println!("| config | flags | measured | lost | p50 ms | p90 ms | p99 ms | max ms | p50 first → last s, ms | produced/s | predictions/s | drain s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &results {
+        let l = &r["latency_ms"];
+        let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {} | `{}` | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} → {:.0} | {:.0} | {:.0} | {:.1} |",
+            r["name"].as_str().unwrap_or_default(),
+            r["flags"].as_str().unwrap_or_default(),
+            r["records_measured"],
+            r["lost"],
+            f(&l["p50"]),
+            f(&l["p90"]),
+            f(&l["p99"]),
+            f(&l["max"]),
+            f(&l["p50_first_second"]),
+            f(&l["p50_last_second"]),
+            f(&r["produce_rate_per_s"]),
+            f(&r["prediction_receive_rate_per_s"]),
+            f(&r["drain_after_last_send_s"]),
+        );
+    }
+    for r in &results {
+        if r["lost"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "\n{}: {} lost (ids {}), {} of them found on the topic when read again; the consumer read {} \
+                 messages up to offset {}, skipping {} offsets and seeing {} repeated",
+                r["name"].as_str().unwrap_or_default(),
+                r["lost"],
+                r["lost_ids_span"],
+                r["lost_but_on_topic"],
+                r["output_messages_read"],
+                r["output_last_offset"],
+                r["output_offset_gaps"],
+                r["output_offset_repeats"],
+            );
+        }
+        println!(
+            "\n{}: {}",
+            r["name"].as_str().unwrap_or_default(),
+            r["serve_output"].as_str().unwrap_or_default()
+        );
+    }
+
+    let json = json!({
+        "rate_per_s": RATE,
+        "measure_s": MEASURE.as_secs_f64(),
+        "warmup_records": WARMUP,
+        "features": D,
+        "input_partitions": PARTITIONS,
+        "cores": thread::available_parallelism().map_or(0, |n| n.get()),
+        "loadavg_before": load_before.trim(),
+        "note": "wall clock, one run, machine shared with other jobs: noisy",
+        "configs": results,
+    });
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-kafka-latency.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    println!("\nwrote {}", path.display());
+}
