@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{
     ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochRule, ParquetSource, ParquetSourceConfig,
-    PredictionLayout, PredictionWriter, WorkerShare,
+    PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
 };
 use dualgp_operators::dataflow::{LearnGp, Prediction, Record};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner};
@@ -68,6 +68,8 @@ pub struct ReplayReport {
     /// Rows scored (one output row each).
     pub records: u64,
     pub dead_letters: u64,
+    /// Dead letters by reason (`non_finite`, `invalid_label`, …).
+    pub dead_letter_reasons: BTreeMap<ReasonKind, u64>,
     pub seconds: f64,
     pub records_per_second: f64,
     /// Mean negative log predictive density of the labelled rows, each scored before it was learned.
@@ -190,7 +192,9 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
                 .inspect(move |r| {
                     let mut c = c2.lock().unwrap();
                     c.labels.remove(&r.record.id);
-                    c.dead_letters.entry(r.epoch).or_default().push(DeadLetter::refused(r));
+                    let dead = DeadLetter::refused(r);
+                    c.counters.add(0, std::slice::from_ref(&dead));
+                    c.dead_letters.entry(r.epoch).or_default().push(dead);
                 })
                 .probe_with(&probe);
             gp.updates
@@ -271,6 +275,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         epochs: n_epochs,
         records: scores.records,
         dead_letters: dead_rows,
+        dead_letter_reasons: collected.counters.dead_letters,
         seconds,
         records_per_second: scores.records as f64 / seconds.max(1e-9),
         prequential_nlpd: scores.nlpd(),
