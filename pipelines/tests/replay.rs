@@ -219,7 +219,10 @@ fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
     assert_eq!(scored.len(), 397);
     assert!(![7, 100, 250].iter().any(|id| scored.contains(id)));
     assert_eq!(report["dead_letters"], 3);
-    assert_eq!(report["dead_letter_reasons"], serde_json::json!({"non_finite": 2, "invalid_label": 1}));
+    assert_eq!(
+        report["dead_letter_reasons"],
+        serde_json::json!({"non_finite": 2, "invalid_label": 1})
+    );
     let dead = read(&dir.path().join("banana.dead-letters.parquet"));
     let kinds: HashMap<String, usize> = {
         let k = dead.column_by_name("reason_kind").unwrap();
