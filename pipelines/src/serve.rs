@@ -232,7 +232,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         let mut records = InputHandleVec::new();
         let mut positions = InputHandleVec::new();
         let probe = ProbeHandle::new();
-        let (s1, s2, s4) = (Arc::clone(&state), Arc::clone(&state), Arc::clone(&state));
+        let (s1, s2, s3) = (Arc::clone(&state), Arc::clone(&state), Arc::clone(&state));
         let (m1, m2, m3) = (Arc::clone(metrics), Arc::clone(metrics), Arc::clone(metrics));
         let (p1, d1, scale) = (Rc::clone(&predictions), Rc::clone(&dead), scaling.clone());
         let (store, learner) = (store.clone(), learner.clone());
@@ -270,7 +270,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                     updates
                         .write_checkpoints(at, store)
                         .inspect(move |saved| {
-                            let mut s = s4.lock().unwrap();
+                            let mut s = s3.lock().unwrap();
                             match saved {
                                 Ok(epoch) => {
                                     s.checkpointed = Some(*epoch);
