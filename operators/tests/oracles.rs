@@ -1,40 +1,16 @@
 //! The dual sparse posterior against closed forms computed independently here:
 //! exact GP regression, Titsias' optimal SVGP and its collapsed bound.
 
+mod common;
+
 use dualgp_operators::model::estep::e_step;
 use dualgp_operators::model::objective::m_step_objective;
-use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, PointSites};
+use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Likelihood, PointSites};
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const NOISE: f64 = 0.1;
-const VARIANCE: f64 = 1.3;
-const LENGTHSCALE: f64 = 0.7;
-
-/// The squared-exponential kernel written out directly, independent of the library.
-fn se(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-    DMatrix::from_fn(a.nrows(), b.nrows(), |i, j| {
-        let r2: f64 = (0..a.ncols()).map(|k| (a[(i, k)] - b[(j, k)]).powi(2)).sum();
-        VARIANCE * (-0.5 * r2 / (LENGTHSCALE * LENGTHSCALE)).exp()
-    })
-}
-
-fn kernel() -> Kernel {
-    Kernel::stationary(Family::SquaredExponential, VARIANCE, vec![LENGTHSCALE])
-}
-
-fn uniform(rng: &mut ChaCha8Rng, n: usize, d: usize, half_width: f64) -> DMatrix<f64> {
-    DMatrix::from_fn(n, d, |_, _| rng.random_range(-half_width..half_width))
-}
-
-fn regression_data(rng: &mut ChaCha8Rng, n: usize) -> Data {
-    let x = uniform(rng, n, 2, 3.0);
-    let y = DVector::from_fn(n, |i, _| {
-        (x[(i, 0)]).sin() + 0.5 * x[(i, 1)] + 0.3 * rng.random::<f64>()
-    });
-    Data::new(x, y).unwrap()
-}
+use common::{kernel, regression_data, se, uniform, NOISE, VARIANCE};
 
 fn max_rel_err(a: &DVector<f64>, b: &DVector<f64>) -> f64 {
     a.iter()
