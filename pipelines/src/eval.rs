@@ -116,30 +116,29 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     let mut batches = Vec::new();
     let mut total = 0.0;
     let final_metrics = match args.method {
-        Method::DualMemory => {
-            let mut learner = SequentialLearner::new(kernel, likelihood.clone(), settings.sequential.clone())?;
-            if settings.z_first_rows {
-                let m = settings.sequential.inducing.min(train.n());
-                learner = learner.with_inducing(train.x().rows(0, m).into_owned())?;
-            }
+        streaming @ (Method::DualMemory | Method::Osgpr) => {
+            // The reference keeps Z at the first m train rows (both learners share m).
+            let first_rows = settings.z_first_rows.then(|| {
+                train
+                    .x()
+                    .rows(0, settings.sequential.inducing.min(train.n()))
+                    .into_owned()
+            });
+            let mut learner: Box<dyn Streaming> = if streaming == Method::DualMemory {
+                let mut l = SequentialLearner::new(kernel, likelihood.clone(), settings.sequential.clone())?;
+                if let Some(z) = first_rows {
+                    l = l.with_inducing(z)?;
+                }
+                Box::new(l)
+            } else {
+                let mut l = OsgprLearner::new(kernel, likelihood.clone(), settings.osgpr.clone())?;
+                if let Some(z) = first_rows {
+                    l = l.with_inducing(z)?;
+                }
+                Box::new(l)
+            };
             stream(
-                &mut learner,
-                &prepared,
-                &train,
-                &test,
-                &mut batches,
-                &mut total,
-                &mut progress,
-            )?
-        }
-        Method::Osgpr => {
-            let mut learner = OsgprLearner::new(kernel, likelihood.clone(), settings.osgpr.clone())?;
-            if settings.z_first_rows {
-                let m = settings.osgpr.inducing.min(train.n());
-                learner = learner.with_inducing(train.x().rows(0, m).into_owned())?;
-            }
-            stream(
-                &mut learner,
+                learner.as_mut(),
                 &prepared,
                 &train,
                 &test,
@@ -209,7 +208,7 @@ impl Streaming for OsgprLearner {
 /// Feeds the batches in order, timing only the update, and scores the test
 /// set after each; returns the last metrics.
 fn stream(
-    learner: &mut impl Streaming,
+    learner: &mut dyn Streaming,
     prepared: &Prepared,
     train: &Data,
     test: &Data,
