@@ -8,7 +8,7 @@ use dualgp_operators::dataflow::{
     Checkpoint, CheckpointStore, LearnGp, ModelUpdate, Prediction, Record, WriteCheckpoints,
 };
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Predictive, SequentialConfig,
+    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, Predictive, SequentialConfig,
     SequentialLearner,
 };
 use nalgebra::DMatrix;
@@ -51,7 +51,8 @@ fn learner() -> SequentialLearner {
         m_steps: 5,
         m_rounds: 2,
         reexpress_old_data: true,
-        m_lr: 0.05,
+        relearn_in_m_step: false,
+        optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::Reservoir { capacity: 30 },
         seed: 3,
     };

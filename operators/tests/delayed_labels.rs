@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use dualgp_operators::dataflow::{delayed_labels, LearnGp, ModelUpdate, Record};
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Predictive, SequentialConfig,
-    SequentialLearner,
+    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, Predictive,
+    SequentialConfig, SequentialLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -57,7 +57,8 @@ fn learner() -> SequentialLearner {
         m_steps: 5,
         m_rounds: 1,
         reexpress_old_data: true,
-        m_lr: 0.05,
+        relearn_in_m_step: false,
+        optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::PerBatch { k: 5 },
         seed: 1,
     };

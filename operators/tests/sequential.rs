@@ -6,7 +6,7 @@ use dualgp_operators::model::memory::{point_uniform, project_sites, reservoir_ke
 use dualgp_operators::model::sequential::projection;
 use dualgp_operators::model::{
     bayesian_leverage_scores, Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link,
-    MemoryPolicy, PointId, PointSites, SequentialConfig, SequentialLearner,
+    MemoryPolicy, Optimizer, PointId, PointSites, SequentialConfig, SequentialLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -245,4 +245,78 @@ fn a_checkpoint_round_trips_through_serde() {
     let x = stream.x();
     let err = max_rel(&a.predict_f(x).mean, &b.predict_f(x).mean);
     assert!(err < 1e-10, "restored learner diverged: {err:e}");
+}
+
+/// Titsias' (2009) collapsed bound for a squared-exponential kernel and
+/// Gaussian noise, `log θ = [log variance, log ℓ, log σ²]`, written out densely.
+fn collapsed_bound(data: &Data, z: &DMatrix<f64>, log_theta: &[f64], jitter: f64) -> f64 {
+    let (variance, ell, noise) = (log_theta[0].exp(), log_theta[1].exp(), log_theta[2].exp());
+    let se = |a: &DMatrix<f64>, b: &DMatrix<f64>| {
+        DMatrix::from_fn(a.nrows(), b.nrows(), |i, j| {
+            let r2: f64 = (0..a.ncols()).map(|k| (a[(i, k)] - b[(j, k)]).powi(2)).sum();
+            variance * (-0.5 * r2 / (ell * ell)).exp()
+        })
+    };
+    let (m, n) = (z.nrows(), data.n());
+    let k = se(z, z) + DMatrix::identity(m, m) * jitter;
+    let kzx = se(z, data.x());
+    let q = kzx.transpose() * k.cholesky().unwrap().solve(&kzx);
+    let cov = (&q + DMatrix::identity(n, n) * noise).cholesky().unwrap();
+    let log_det: f64 = 2.0 * cov.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+    let quad = data.y().dot(&cov.solve(data.y()));
+    let trace = n as f64 * variance - q.trace();
+    -0.5 * (n as f64 * (2.0 * std::f64::consts::PI).ln() + log_det + quad) - 0.5 * trace / noise
+}
+
+#[test]
+fn a_relearning_m_step_reaches_a_stationary_point_of_the_collapsed_bound() {
+    // Re-learning the batch at every θ the M-step tries makes it climb the
+    // collapsed bound itself: one round ends at its stationary point.
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    let x = DMatrix::<f64>::from_fn(150, 2, |_, _| rng.random_range(-3.0..3.0));
+    let y = DVector::from_fn(150, |i, _| {
+        (1.5 * x[(i, 0)]).sin() * x[(i, 1)].cos() + 0.3 * rng.random::<f64>()
+    });
+    let data = Data::new(x, y).unwrap();
+    let z = data.x().rows(0, 40).into_owned();
+    let config = SequentialConfig {
+        inducing: 40,
+        inducing_policy: InducingPolicy::Fixed,
+        e_step: EStepConfig { steps: 1, rho: 1.0 },
+        m_steps: 100,
+        relearn_in_m_step: true,
+        optimizer: Optimizer::Lbfgs { history: 10 },
+        memory: MemoryPolicy::None,
+        ..SequentialConfig::default()
+    };
+    let start = [0.0, 0.0, 0.5f64.ln()];
+    let kernel = Kernel::stationary(Family::SquaredExponential, 1.0, vec![1.0]);
+    let likelihood = Likelihood::Gaussian { variance: 0.5 };
+    let mut learner = SequentialLearner::new(kernel, likelihood, config)
+        .unwrap()
+        .with_inducing(z.clone())
+        .unwrap();
+    learner.update(&data).unwrap();
+
+    let learned: Vec<f64> = learner.hyperparameters().iter().map(|(_, v)| v.ln()).collect();
+    let jitter = learner.posterior().unwrap().jitter;
+    let bound = |t: &[f64]| collapsed_bound(&data, &z, t, jitter);
+    let gradient_norm = |t: &[f64]| {
+        let h = 1e-5;
+        (0..t.len())
+            .map(|i| {
+                let (mut up, mut down) = (t.to_vec(), t.to_vec());
+                up[i] += h;
+                down[i] -= h;
+                ((bound(&up) - bound(&down)) / (2.0 * h)).powi(2)
+            })
+            .sum::<f64>()
+            .sqrt()
+    };
+    assert!(bound(&learned) > bound(&start) + 1.0, "{learned:?}");
+    let (at_start, at_learned) = (gradient_norm(&start), gradient_norm(&learned));
+    assert!(
+        at_learned < 1e-5 * at_start,
+        "|∇| {at_start:e} at the start, {at_learned:e} at {learned:?}"
+    );
 }

@@ -95,14 +95,23 @@ struct Setup {
 }
 
 const SETUPS: &[Setup] = &[
-    // The default schedule (30 Adam steps per M-step, pivoted inducing inputs).
+    // The default schedule (a re-learning L-BFGS M-step, pivoted inducing inputs).
     Setup {
         name: "default",
         model_flags: &["--inducing", "100"],
     },
     Setup {
         name: "light",
-        model_flags: &["--m-steps", "5", "--inducing", "50"],
+        model_flags: &[
+            "--m-optimizer",
+            "adam",
+            "--m-relearn",
+            "false",
+            "--m-steps",
+            "5",
+            "--inducing",
+            "50",
+        ],
     },
 ];
 

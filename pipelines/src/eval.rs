@@ -2,12 +2,14 @@
 //! reporting test metrics after every batch as JSON. The flags and the report
 //! are a contract (docs/EVALUATION.md): extend, never rename.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dualgp_connectors::{ColumnSpec, Table};
+use dualgp_operators::model::objective::named_hyperparameters;
 use dualgp_operators::model::{fit_offline, Data, Likelihood, Metrics, OfflineConfig, OsgprLearner, SequentialLearner};
 use serde::Serialize;
 
@@ -71,6 +73,8 @@ pub struct FinalReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
     pub seconds_total: f64,
+    /// The learned kernel and likelihood hyperparameters by name.
+    pub hyperparameters: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -115,7 +119,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
 
     let mut batches = Vec::new();
     let mut total = 0.0;
-    let final_metrics = match args.method {
+    let (final_metrics, hyperparameters) = match args.method {
         streaming @ (Method::DualMemory | Method::Osgpr) => {
             // The reference keeps Z at the first m train rows (both learners share m).
             let first_rows = settings.z_first_rows.then(|| {
@@ -137,7 +141,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 }
                 Box::new(l)
             };
-            stream(
+            let metrics = stream(
                 learner.as_mut(),
                 &prepared,
                 &train,
@@ -145,7 +149,8 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 &mut batches,
                 &mut total,
                 &mut progress,
-            )?
+            )?;
+            (metrics, learner.hyperparameters())
         }
         Method::Offline => {
             let started = Instant::now();
@@ -155,7 +160,10 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             let metrics = dualgp_operators::model::evaluate(&model.posterior, &model.likelihood, &test)?;
             batches.push(batch_report(1, train.n() as u64, total, &metrics));
             progress(1, 1);
-            metrics
+            (
+                metrics,
+                named_hyperparameters(&model.posterior.kernel, &model.likelihood),
+            )
         }
     };
     let report = Report {
@@ -170,6 +178,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             test_rmse: final_metrics.rmse,
             test_accuracy: final_metrics.accuracy,
             seconds_total: total,
+            hyperparameters: hyperparameters.into_iter().collect(),
         },
     };
     let json = serde_json::to_string_pretty(&report)?;
@@ -183,6 +192,7 @@ trait Streaming {
     /// Learns one batch; returns the records seen so far.
     fn learn(&mut self, batch: &Data) -> Result<u64>;
     fn score(&self, test: &Data) -> Result<Metrics>;
+    fn hyperparameters(&self) -> Vec<(String, f64)>;
 }
 
 impl Streaming for SequentialLearner {
@@ -193,6 +203,10 @@ impl Streaming for SequentialLearner {
     fn score(&self, test: &Data) -> Result<Metrics> {
         Ok(self.evaluate(test)?)
     }
+
+    fn hyperparameters(&self) -> Vec<(String, f64)> {
+        SequentialLearner::hyperparameters(self)
+    }
 }
 
 impl Streaming for OsgprLearner {
@@ -202,6 +216,10 @@ impl Streaming for OsgprLearner {
 
     fn score(&self, test: &Data) -> Result<Metrics> {
         Ok(self.evaluate(test)?)
+    }
+
+    fn hyperparameters(&self) -> Vec<(String, f64)> {
+        OsgprLearner::hyperparameters(self)
     }
 }
 

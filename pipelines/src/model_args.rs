@@ -4,7 +4,8 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig, OsgprInducing, SequentialConfig,
+    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, OsgprConfig, OsgprInducing,
+    SequentialConfig,
 };
 use serde::Deserialize;
 
@@ -29,6 +30,13 @@ pub enum KernelName {
 pub enum InducingPolicyName {
     Fixed,
     Pivoted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerName {
+    Adam,
+    Lbfgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -68,11 +76,18 @@ pub struct ModelArgs {
     /// E-step damping ρ (osgpr default 1).
     #[arg(long)]
     pub e_lr: Option<f64>,
-    /// Adam steps per M-step round (osgpr: L-BFGS iterations per batch, default 100).
+    /// The M-step's optimiser (dual-memory).
+    #[arg(long, value_enum)]
+    pub m_optimizer: Option<OptimizerName>,
+    /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100).
     #[arg(long)]
     pub m_steps: Option<usize>,
+    /// Adam's learning rate.
     #[arg(long)]
     pub m_lr: Option<f64>,
+    /// Re-learn the batch and memory at every hyperparameter value the M-step tries (true|false).
+    #[arg(long)]
+    pub m_relearn: Option<bool>,
     /// M-step rounds per batch, the batch and memory re-learned between them.
     #[arg(long)]
     pub m_rounds: Option<usize>,
@@ -111,13 +126,20 @@ impl ModelArgs {
             memory_capacity: over.memory_capacity.or(self.memory_capacity),
             e_steps: over.e_steps.or(self.e_steps),
             e_lr: over.e_lr.or(self.e_lr),
+            m_optimizer: over.m_optimizer.or(self.m_optimizer),
             m_steps: over.m_steps.or(self.m_steps),
             m_lr: over.m_lr.or(self.m_lr),
+            m_relearn: over.m_relearn.or(self.m_relearn),
             m_rounds: over.m_rounds.or(self.m_rounds),
             seed: over.seed.or(self.seed),
         }
     }
 }
+
+/// Adam's learning rate when `--m-lr` is not given.
+const ADAM_LR: f64 = 0.05;
+/// Curvature pairs L-BFGS keeps.
+const LBFGS_HISTORY: usize = 10;
 
 /// L-BFGS iterations per batch for `--method osgpr` when `--m-steps` is not given.
 const OSGPR_ITERATIONS: usize = 100;
@@ -139,7 +161,8 @@ impl ModelArgs {
                     m_steps: 20,
                     m_rounds: 1,
                     reexpress_old_data: false,
-                    m_lr: 0.01,
+                    relearn_in_m_step: false,
+                    optimizer: Optimizer::Adam { lr: 0.01 },
                     memory: MemoryPolicy::PerBatch { k: 10 },
                     seed: self.seed.unwrap_or(0),
                 },
@@ -159,7 +182,8 @@ impl ModelArgs {
                     m_steps: 30,
                     m_rounds: 1,
                     reexpress_old_data: true,
-                    m_lr: 0.05,
+                    relearn_in_m_step: true,
+                    optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
                     memory: MemoryPolicy::PerBatch { k: 20 },
                     seed: self.seed.unwrap_or(0),
                 },
@@ -200,8 +224,20 @@ impl ModelArgs {
         if let Some(n) = self.m_steps {
             q.m_steps = n;
         }
-        if let Some(lr) = self.m_lr {
-            q.m_lr = lr;
+        q.optimizer = match (self.m_optimizer, self.m_lr, q.optimizer) {
+            (Some(OptimizerName::Lbfgs), Some(_), _) => bail!("--m-lr is Adam's: drop it or use --m-optimizer adam"),
+            (Some(OptimizerName::Lbfgs), None, _) => Optimizer::Lbfgs { history: LBFGS_HISTORY },
+            (Some(OptimizerName::Adam), lr, _) => Optimizer::Adam {
+                lr: lr.unwrap_or(ADAM_LR),
+            },
+            (None, Some(_), Optimizer::Lbfgs { .. }) => {
+                bail!("--m-lr is Adam's: add --m-optimizer adam or drop it")
+            }
+            (None, Some(lr), Optimizer::Adam { .. }) => Optimizer::Adam { lr },
+            (None, None, current) => current,
+        };
+        if let Some(relearn) = self.m_relearn {
+            q.relearn_in_m_step = relearn;
         }
         if let Some(r) = self.m_rounds {
             q.m_rounds = r;

@@ -85,6 +85,8 @@ fn eval_writes_the_report_contract_for_banana() {
     let accuracy = json["final"]["test_accuracy"].as_f64().unwrap();
     assert!(accuracy > 0.75, "banana accuracy {accuracy}");
     assert!(json["final"]["seconds_total"].as_f64().unwrap() > 0.0);
+    let lengthscale = &json["final"]["hyperparameters"]["matern52.lengthscale[0]"];
+    assert!(lengthscale.as_f64().is_some_and(|l| l > 0.0), "{}", json["final"]);
     std::fs::remove_file(report).ok();
 }
 
@@ -152,6 +154,7 @@ fn eval_refuses_bad_invocations_in_one_line() {
     refuses(&banana, &[], "--fold K or --test");
     refuses_as("gamma", &banana, &["--fold", "0"], "--likelihood");
     refuses(&banana, &["--fold", "0", "--order", "sorted:x9"], "x9");
+    refuses(&banana, &["--fold", "0", "--m-lr", "0.1"], "--m-optimizer adam");
     assert!(!report.exists(), "a failed run wrote a report");
 }
 

@@ -54,9 +54,11 @@ fn produce(address: &str, topic: &str, messages: &[(String, String)]) {
     producer.flush(Duration::from_secs(60)).expect("all messages delivered");
 }
 
-/// Every message of `topic` (all its partitions, from the start), reading
-/// until nothing new has come for two seconds (at most 60 s).
-fn consume_all(address: &str, topic: &str, partitions: i32) -> Vec<String> {
+/// Every message of `topic` (all its partitions, from the start): reads until
+/// at least `expected` have come and then nothing new for two seconds (to
+/// catch duplicates), or for at most 60 s. A busy broker may pause between
+/// fetches; waiting for the count keeps such a pause from looking like loss.
+fn consume_all(address: &str, topic: &str, partitions: i32, expected: usize) -> Vec<String> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", address)
         .set("group.id", "serve-test-reader")
@@ -70,7 +72,8 @@ fn consume_all(address: &str, topic: &str, partitions: i32) -> Vec<String> {
     consumer.assign(&list).unwrap();
     let mut out = Vec::new();
     let (start, mut last) = (Instant::now(), Instant::now());
-    while last.elapsed() < Duration::from_secs(2) && start.elapsed() < Duration::from_secs(60) {
+    while (out.len() < expected || last.elapsed() < Duration::from_secs(2)) && start.elapsed() < Duration::from_secs(60)
+    {
         if let Some(message) = consumer.poll(Duration::from_millis(200)) {
             let message = message.unwrap();
             out.push(String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned());
@@ -142,10 +145,10 @@ fn get_metrics(port: u16) -> Option<String> {
     Some(answer)
 }
 
-/// Prediction count per id on `out`, checking each message's shape.
-fn predictions(address: &str) -> BTreeMap<i64, usize> {
+/// Prediction count per id on `out` (`expected` messages awaited), checking each message's shape.
+fn predictions(address: &str, expected: usize) -> BTreeMap<i64, usize> {
     let mut seen = BTreeMap::new();
-    for text in consume_all(address, "out", 1) {
+    for text in consume_all(address, "out", 1, expected) {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let p = v["p"]
             .as_array()
@@ -183,7 +186,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     let (stdout, page) = serve(&address, checkpoints.path(), "2", Some(metrics_port));
     assert!(stdout.contains("300 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
-    let seen = predictions(&address);
+    let seen = predictions(&address, 300);
     assert_eq!(seen.len(), 300, "{stdout}");
     assert!(seen.values().all(|&n| n == 1), "scored twice: {seen:?}");
     assert!(first.iter().all(|(id, _)| seen.contains_key(id)));
@@ -198,7 +201,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     }
     assert!(page.contains("dualgp_epoch_latency_seconds_count"), "{page}");
 
-    let dlq = consume_all(&address, "in.dlq", 1);
+    let dlq = consume_all(&address, "in.dlq", 1, malformed.len());
     assert_eq!(dlq.len(), malformed.len(), "{dlq:?}");
     for d in &dlq {
         let v: serde_json::Value = serde_json::from_str(d).unwrap();
@@ -217,7 +220,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
-    let seen = predictions(&address);
+    let seen = predictions(&address, 400);
     assert_eq!(seen.len(), 400);
     assert!(seen.values().all(|&n| n == 1), "scored twice after the restart");
 
@@ -326,5 +329,5 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
         stdout.contains("200 records scored") && stdout.contains("offsets committed through epoch"),
         "{stdout}"
     );
-    assert_eq!(predictions(&address).len(), 200);
+    assert_eq!(predictions(&address, 200).len(), 200);
 }

@@ -4,9 +4,9 @@
 //! indices (epochs) into predictions, model updates and rejected records.
 //! Inside, each epoch is a sequence of rounds `(epoch, round)`: the learner on
 //! worker 0 asks a question, every worker answers for its own records and
-//! memory points, the answers are merged in worker order, and so on until the
-//! update is done. Results do not depend on the number of workers beyond
-//! floating-point rounding.
+//! memory points, the answers are merged, and so on until the update is
+//! done. Sums are made per fixed block of ids and added in block order, so
+//! results are the same, bit for bit, on any number of workers.
 //!
 //! ```
 //! use dualgp_operators::dataflow::{LearnGp, Record};

@@ -84,6 +84,11 @@ impl Likelihood {
         }
     }
 
+    /// Whether the sites are exact in one undamped E-step, whatever the posterior (Gaussian).
+    pub fn is_conjugate(&self) -> bool {
+        matches!(self, Likelihood::Gaussian { .. })
+    }
+
     pub fn n_params(&self) -> usize {
         match self {
             Likelihood::Gaussian { .. } => 1,

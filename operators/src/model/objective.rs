@@ -32,6 +32,13 @@ pub fn hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> DVector<f64>
     DVector::from_vec(p)
 }
 
+/// Kernel then likelihood hyperparameters by name, on their natural scale.
+pub fn named_hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> Vec<(String, f64)> {
+    let names = kernel.param_names().into_iter().chain(likelihood.param_names());
+    let values = kernel.log_params().into_iter().chain(likelihood.log_params());
+    names.zip(values.map(f64::exp)).collect()
+}
+
 /// Sets the hyperparameters from the vector [`hyperparameters`] returns.
 pub fn set_hyperparameters(kernel: &mut Kernel, likelihood: &mut Likelihood, p: &DVector<f64>) {
     let nk = kernel.n_params();
@@ -127,7 +134,7 @@ impl DataTerms {
 
         // Chain rule into K(Z,X) and k(x_i, x_i); what goes through K(Z, Z)
         // needs only the sums kept in `kzx_d_mean` and `gram_d_var`.
-        let k_inv = factors.chol_k.inverse();
+        let k_inv = factors.k_inv();
         let mut g_kzx = DMatrix::zeros(post.m(), n);
         let mut g_diag = DVector::zeros(n);
         for c in 0..n_latent {
@@ -142,7 +149,7 @@ impl DataTerms {
             for (mut col, &bj) in kzx_b.column_iter_mut().zip(b.iter()) {
                 col *= bj;
             }
-            g_kzx.gemm(2.0, &(factors.chol_r[c].inverse() - &k_inv), &kzx_b, 1.0);
+            g_kzx.gemm(2.0, &(factors.r_inv(c) - k_inv), &kzx_b, 1.0);
             terms.gram_d_var[c] = &kzx_b * transposed(&cross.kzx);
         }
         let kernel = &post.kernel;
@@ -171,21 +178,21 @@ impl DataTerms {
         let m = post.m();
         let factors = post.factors();
         let k = post.k_zz();
-        let k_inv = factors.chol_k.inverse();
+        let k_inv = factors.k_inv();
         let mut g_k = DMatrix::zeros(m, m);
         for c in 0..post.n_latent() {
             let w = &factors.w[c];
-            let r_inv = factors.chol_r[c].inverse();
+            let r_inv = factors.r_inv(c);
             // μ:  ∂/∂K = −(R⁻¹ K_zx a) wᵀ.
-            g_k.ger(-1.0, &(&r_inv * &self.kzx_d_mean[c]), w, 1.0);
+            g_k.ger(-1.0, &(r_inv * &self.kzx_d_mean[c]), w, 1.0);
             // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz.
             let gram = &self.gram_d_var[c];
-            g_k += &k_inv * gram * &k_inv - &r_inv * gram * &r_inv;
+            g_k += k_inv * gram * k_inv - r_inv * gram * r_inv;
             // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
-            let r_inv_k = &r_inv * &k;
-            g_k += -&r_inv + 0.5 * &r_inv_k * &r_inv - 0.5 * w * w.transpose()
+            let r_inv_k = r_inv * &k;
+            g_k += -r_inv + 0.5 * &r_inv_k * r_inv - 0.5 * w * w.transpose()
                 + (&r_inv_k * w) * w.transpose()
-                + 0.5 * &k_inv;
+                + 0.5 * k_inv;
         }
         let kernel = &post.kernel;
         let kernel_grad = self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k);

@@ -49,6 +49,19 @@ impl Adam {
     }
 }
 
+/// Which optimiser an M-step runs, on log-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Optimizer {
+    Adam {
+        lr: f64,
+    },
+    /// `history` curvature pairs; each call runs to convergence or its iteration budget.
+    Lbfgs {
+        history: usize,
+    },
+}
+
 /// The largest change of one parameter in one L-BFGS step (log space: ×20).
 const MAX_MOVE: f64 = 3.0;
 
@@ -60,61 +73,145 @@ pub fn lbfgs_maximize<F>(mut f: F, x0: DVector<f64>, max_iter: usize, history: u
 where
     F: FnMut(&DVector<f64>) -> Result<(f64, DVector<f64>)>,
 {
-    // Work on −f so that the textbook minimisation formulas apply.
-    let (fx, gx) = f(&x0)?;
-    let (mut x, mut fx, mut gx) = (x0, -fx, -gx);
-    let mut pairs: Vec<(DVector<f64>, DVector<f64>, f64)> = Vec::new();
-    for _ in 0..max_iter {
-        if gx.amax() < 1e-9 {
-            break;
+    let mut search = Lbfgs::new(x0, max_iter, history);
+    while let Some(x) = search.next_point() {
+        let outcome = f(&x.clone());
+        search.tell(outcome)?;
+    }
+    Ok(search.best())
+}
+
+/// L-BFGS as a state machine, for objectives whose evaluation is asynchronous
+/// (a question to every worker): [`next_point`](Self::next_point) says where
+/// to evaluate, [`tell`](Self::tell) hands back the value and gradient.
+/// Maximises; works on −f inside so that the textbook formulas apply.
+#[derive(Debug, Clone)]
+pub struct Lbfgs {
+    max_iter: usize,
+    history: usize,
+    iterations: usize,
+    /// The first point, until its value is known.
+    start: Option<DVector<f64>>,
+    /// The accepted point, −f and −∇f there.
+    x: DVector<f64>,
+    fx: f64,
+    gx: DVector<f64>,
+    pairs: Vec<(DVector<f64>, DVector<f64>, f64)>,
+    /// The line search under way; `None` once finished.
+    trial: Option<Trial>,
+}
+
+#[derive(Debug, Clone)]
+struct Trial {
+    x: DVector<f64>,
+    dir: DVector<f64>,
+    step: f64,
+    /// Directional derivative of −f along `dir` at the accepted point.
+    slope: f64,
+    halvings: usize,
+}
+
+/// Step halvings before a line search gives up.
+const MAX_HALVINGS: usize = 30;
+
+impl Lbfgs {
+    pub fn new(x0: DVector<f64>, max_iter: usize, history: usize) -> Self {
+        Lbfgs {
+            max_iter,
+            history: history.max(1),
+            iterations: 0,
+            x: x0.clone(),
+            start: Some(x0),
+            fx: f64::NAN,
+            gx: DVector::zeros(0),
+            pairs: Vec::new(),
+            trial: None,
         }
-        let mut dir = -two_loop(&gx, &pairs);
-        if dir.dot(&gx) >= 0.0 {
-            dir = -gx.clone(); // not a descent direction: restart from steepest descent
-            pairs.clear();
+    }
+
+    /// Where the objective is wanted next; `None` when the search is over.
+    pub fn next_point(&self) -> Option<&DVector<f64>> {
+        self.start.as_ref().or(self.trial.as_ref().map(|t| &t.x))
+    }
+
+    /// The value and gradient at [`next_point`](Self::next_point). A failed
+    /// evaluation at the start is returned; later ones shorten the step.
+    pub fn tell(&mut self, outcome: Result<(f64, DVector<f64>)>) -> Result<()> {
+        if self.start.take().is_some() {
+            let (f, g) = outcome?;
+            self.fx = -f;
+            self.gx = -g;
+            self.plan();
+            return Ok(());
+        }
+        let Some(trial) = self.trial.as_mut() else {
+            return Ok(());
+        };
+        let accepted = match outcome {
+            Ok((f, g)) if (-f).is_finite() && -f <= self.fx + 1e-4 * trial.step * trial.slope => Some((-f, -g)),
+            _ => None,
+        };
+        let Some((f_new, g_new)) = accepted else {
+            trial.halvings += 1;
+            trial.step *= 0.5;
+            trial.x = &self.x + trial.step * &trial.dir;
+            if trial.halvings == MAX_HALVINGS {
+                self.trial = None;
+            }
+            return Ok(());
+        };
+        let x_new = self.trial.take().expect("a trial under way").x;
+        let s = &x_new - &self.x;
+        let y = &g_new - &self.gx;
+        let sy = s.dot(&y);
+        if sy > 1e-12 {
+            if self.pairs.len() == self.history {
+                self.pairs.remove(0);
+            }
+            self.pairs.push((s, y, 1.0 / sy));
+        }
+        let progress = self.fx - f_new;
+        self.x = x_new;
+        self.fx = f_new;
+        self.gx = g_new;
+        self.iterations += 1;
+        if progress.abs() > 1e-10 * self.fx.abs().max(1.0) {
+            self.plan();
+        }
+        Ok(())
+    }
+
+    /// The best point so far and its value (`NaN` before the first evaluation).
+    pub fn best(&self) -> (DVector<f64>, f64) {
+        (self.x.clone(), -self.fx)
+    }
+
+    /// The next line search from the accepted point, unless converged or out of iterations.
+    fn plan(&mut self) {
+        if self.iterations >= self.max_iter || self.gx.amax() < 1e-9 {
+            return;
+        }
+        let mut dir = -two_loop(&self.gx, &self.pairs);
+        if dir.dot(&self.gx) >= 0.0 {
+            dir = -self.gx.clone(); // not a descent direction: restart from steepest descent
+            self.pairs.clear();
         }
         // The first step has no curvature information: keep it short. No step
         // moves a log-parameter by more than MAX_MOVE.
-        let mut step = if pairs.is_empty() {
-            (1.0 / gx.norm()).min(1.0)
+        let step = if self.pairs.is_empty() {
+            (1.0 / self.gx.norm()).min(1.0)
         } else {
             1.0
         };
-        step = step.min(MAX_MOVE / dir.amax().max(f64::MIN_POSITIVE));
-        let slope = dir.dot(&gx);
-        let mut accepted = None;
-        for _ in 0..30 {
-            let x_new = &x + step * &dir;
-            if let Ok((f_new, g_new)) = f(&x_new) {
-                let (f_new, g_new) = (-f_new, -g_new);
-                if f_new.is_finite() && f_new <= fx + 1e-4 * step * slope {
-                    accepted = Some((x_new, f_new, g_new));
-                    break;
-                }
-            }
-            step *= 0.5;
-        }
-        let Some((x_new, f_new, g_new)) = accepted else {
-            break;
-        };
-        let s = &x_new - &x;
-        let y = &g_new - &gx;
-        let sy = s.dot(&y);
-        if sy > 1e-12 {
-            if pairs.len() == history.max(1) {
-                pairs.remove(0);
-            }
-            pairs.push((s, y, 1.0 / sy));
-        }
-        let progress = fx - f_new;
-        x = x_new;
-        fx = f_new;
-        gx = g_new;
-        if progress.abs() <= 1e-10 * fx.abs().max(1.0) {
-            break;
-        }
+        let step = step.min(MAX_MOVE / dir.amax().max(f64::MIN_POSITIVE));
+        self.trial = Some(Trial {
+            x: &self.x + step * &dir,
+            slope: dir.dot(&self.gx),
+            dir,
+            step,
+            halvings: 0,
+        });
     }
-    Ok((x, -fx))
 }
 
 /// The L-BFGS two-loop recursion: an approximation of `H⁻¹ g`.

@@ -46,7 +46,7 @@ use super::inducing::{pivoted_cholesky, select_inducing};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood, Predictive};
 use super::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed};
-use super::objective::{hyperparameters, set_hyperparameters};
+use super::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
 use super::optim::lbfgs_maximize;
 use super::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
 use super::predict::{evaluate, predict, Metrics};
@@ -954,6 +954,11 @@ impl OsgprLearner {
 
     pub fn kernel(&self) -> &Kernel {
         self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
+    }
+
+    /// Kernel then likelihood hyperparameters by name, on their natural scale.
+    pub fn hyperparameters(&self) -> Vec<(String, f64)> {
+        named_hyperparameters(self.kernel(), &self.likelihood)
     }
 
     /// Restores the cached factors after deserialisation.

@@ -4,6 +4,8 @@
 //! `R = K + Λ`, `μ(x) = kᵀR⁻¹l`, `v(x) = k** − kᵀK⁻¹k + kᵀR⁻¹k`, computed
 //! from the cached Cholesky factors of `K` and `R` and `w = R⁻¹l`.
 
+use std::sync::OnceLock;
+
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +44,33 @@ pub(crate) struct Factors {
     pub chol_k: Cholesky<f64, Dyn>,
     pub chol_r: Vec<Cholesky<f64, Dyn>>,
     pub w: Vec<DVector<f64>>,
+    /// `K⁻¹` and each `R_c⁻¹`, made on first use: only gradients need them,
+    /// and every block of points shares them.
+    inverses: OnceLock<Box<Inverses>>,
+}
+
+/// `K⁻¹` and each `R_c⁻¹`.
+type Inverses = (DMatrix<f64>, Vec<DMatrix<f64>>);
+
+impl Factors {
+    /// `K⁻¹`.
+    pub fn k_inv(&self) -> &DMatrix<f64> {
+        &self.inverses().0
+    }
+
+    /// `R_c⁻¹` with `R_c = K + Λ_c`.
+    pub fn r_inv(&self, c: usize) -> &DMatrix<f64> {
+        &self.inverses().1[c]
+    }
+
+    fn inverses(&self) -> &Inverses {
+        self.inverses.get_or_init(|| {
+            Box::new((
+                self.chol_k.inverse(),
+                self.chol_r.iter().map(Cholesky::inverse).collect(),
+            ))
+        })
+    }
 }
 
 /// The predictive marginals `q(f_c(x_i)) = N(mean[(i,c)], var[(i,c)])`.
@@ -148,7 +177,12 @@ impl DualPosterior {
             w.push(chol.solve(&sites.l));
             chol_r.push(chol);
         }
-        self.factors = Some(Factors { chol_k, chol_r, w });
+        self.factors = Some(Factors {
+            chol_k,
+            chol_r,
+            w,
+            inverses: OnceLock::new(),
+        });
         Ok(())
     }
 

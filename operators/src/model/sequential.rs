@@ -9,7 +9,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use nalgebra::DMatrix;
+use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use super::data::Data;
@@ -19,8 +19,8 @@ use super::inducing::{pivoted_cholesky, select_inducing};
 use super::kernel::Kernel;
 use super::likelihood::{Likelihood, Predictive};
 use super::memory::{project_sites, top_k, Memory, MemoryPolicy};
-use super::objective::{hyperparameters, set_hyperparameters};
-use super::optim::Adam;
+use super::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
+use super::optim::{Adam, Lbfgs, Optimizer};
 use super::posterior::{DualPosterior, Sites};
 use super::predict::{evaluate, predict, Metrics};
 use super::shard::{Answer, Partition, PointId, Query, Shard};
@@ -41,7 +41,8 @@ pub struct SequentialConfig {
     pub inducing: usize,
     pub inducing_policy: InducingPolicy,
     pub e_step: EStepConfig,
-    /// Adam steps on the hyperparameters per round (0: hyperparameters fixed).
+    /// Adam steps or L-BFGS iterations on the hyperparameters per round
+    /// (0: hyperparameters fixed).
     pub m_steps: usize,
     /// M-step rounds per batch; between rounds the batch and the memory are
     /// re-learned under the new hyperparameters.
@@ -52,7 +53,13 @@ pub struct SequentialConfig {
     /// and memory. Off: the totals stay as the M-step left them (the paper).
     #[serde(default)]
     pub reexpress_old_data: bool,
-    pub m_lr: f64,
+    /// Re-learn the batch and the memory at every `θ` the M-step tries, so
+    /// that it climbs `F` with their sites at their optimum (a collapsed
+    /// bound) rather than held from the E-step; old data keeps its sites.
+    /// Off: their sites are held too (the paper).
+    #[serde(default)]
+    pub relearn_in_m_step: bool,
+    pub optimizer: Optimizer,
     pub memory: MemoryPolicy,
     pub seed: u64,
 }
@@ -66,7 +73,8 @@ impl Default for SequentialConfig {
             m_steps: 20,
             m_rounds: 1,
             reexpress_old_data: false,
-            m_lr: 0.01,
+            relearn_in_m_step: false,
+            optimizer: Optimizer::Adam { lr: 0.01 },
             memory: MemoryPolicy::PerBatch { k: 10 },
             seed: 0,
         }
@@ -80,11 +88,16 @@ impl SequentialConfig {
                 "the number of inducing inputs must be at least 1".into(),
             ));
         }
-        if !(self.m_lr > 0.0 && self.m_lr.is_finite()) {
-            return Err(ModelError::Config(format!(
-                "M-step learning rate {} must be positive",
-                self.m_lr
-            )));
+        match self.optimizer {
+            Optimizer::Adam { lr } if !(lr > 0.0 && lr.is_finite()) => {
+                return Err(ModelError::Config(format!(
+                    "M-step learning rate {lr} must be positive"
+                )));
+            }
+            Optimizer::Lbfgs { history: 0 } => {
+                return Err(ModelError::Config("L-BFGS needs a history of at least 1".into()));
+            }
+            _ => {}
         }
         self.e_step.validate()
     }
@@ -134,7 +147,11 @@ pub struct SequentialLearner {
 impl SequentialLearner {
     pub fn new(kernel: Kernel, likelihood: Likelihood, config: SequentialConfig) -> Result<Self> {
         config.validate()?;
-        let adam = Adam::new(config.m_lr);
+        // Adam's moments persist across updates; under L-BFGS it stays unused.
+        let adam = Adam::new(match config.optimizer {
+            Optimizer::Adam { lr } => lr,
+            Optimizer::Lbfgs { .. } => 0.0,
+        });
         let memory = Memory::new(0, likelihood.n_latent());
         Ok(SequentialLearner {
             config,
@@ -165,10 +182,7 @@ impl SequentialLearner {
 
     /// Kernel then likelihood hyperparameters by name, on their natural scale.
     pub fn hyperparameters(&self) -> Vec<(String, f64)> {
-        let kernel = self.kernel();
-        let names = kernel.param_names().into_iter().chain(self.likelihood.param_names());
-        let values = kernel.log_params().into_iter().chain(self.likelihood.log_params());
-        names.zip(values.map(f64::exp)).collect()
+        named_hyperparameters(self.kernel(), &self.likelihood)
     }
 
     fn init(&mut self, z: DMatrix<f64>) -> Result<()> {
@@ -343,15 +357,15 @@ impl SequentialLearner {
             memory: self.memory.points.clone(),
         };
         shards.ask(begin).await;
-        self.e_steps(shards).await
+        self.e_steps(shards, self.config.e_step).await
     }
 
-    /// `config.e_step.steps` damped site updates over the batch and the memory.
-    async fn e_steps(&mut self, shards: &mut impl Shards) -> Result<()> {
-        for _ in 0..self.config.e_step.steps {
+    /// Damped site updates over the batch and the memory.
+    async fn e_steps(&mut self, shards: &mut impl Shards, e_step: EStepConfig) -> Result<()> {
+        for _ in 0..e_step.steps {
             let query = Query::EStep {
                 model: self.current(),
-                rho: self.config.e_step.rho,
+                rho: e_step.rho,
             };
             let change = self.totals(shards, query).await?;
             self.add_to_totals(&change)?;
@@ -362,7 +376,7 @@ impl SequentialLearner {
     /// Summed [`Answer::Totals`] (zero if no shard holds a point).
     async fn totals(&self, shards: &mut impl Shards, query: Query) -> Result<Vec<Sites>> {
         match shards.ask(query).await {
-            Answer::Totals(t) => Ok(t),
+            Answer::Totals(t) => Ok(t.total()),
             Answer::Nothing => {
                 let post = self.require()?;
                 Ok(vec![Sites::zeros(post.m()); post.n_latent()])
@@ -399,37 +413,76 @@ impl SequentialLearner {
     /// with kernel columns under the new `θ`, then runs the E-step over them
     /// again (warm-started). Only older data keeps its earlier columns.
     async fn relearn(&mut self, shards: &mut impl Shards) -> Result<()> {
-        let change = self.totals(shards, Query::Recolumn { model: self.current() }).await?;
-        self.add_to_totals(&change)?;
-        self.e_steps(shards).await
+        self.relearn_with(shards, self.config.e_step).await
     }
 
-    /// Step 4: Adam on `F(θ)` with the totals fixed; the memory's terms are
-    /// scaled by `n_old / |M|` to stand for all past data.
+    async fn relearn_with(&mut self, shards: &mut impl Shards, e_step: EStepConfig) -> Result<()> {
+        let change = self.totals(shards, Query::Recolumn { model: self.current() }).await?;
+        self.add_to_totals(&change)?;
+        self.e_steps(shards, e_step).await
+    }
+
+    /// Step 4: Adam steps or an L-BFGS search on `F(θ)` with older data's
+    /// sites held (and the batch's and memory's too, unless re-learning); the
+    /// memory's terms are scaled by `n_old / |M|` to stand for all past data.
     async fn m_step(&mut self, shards: &mut impl Shards) -> Result<()> {
         let memory_weight = if self.memory.is_empty() {
             1.0
         } else {
             self.n_seen as f64 / self.memory.len() as f64
         };
-        let mut theta = hyperparameters(self.kernel(), &self.likelihood);
-        for _ in 0..self.config.m_steps {
-            let query = Query::Gradient {
-                model: self.current(),
-                memory_weight,
-            };
-            let post = self.require()?;
-            let terms = match shards.ask(query).await {
-                Answer::Terms(terms) => terms,
-                other => return Err(unexpected("M-step terms", &other)),
-            };
-            let grad = terms.finish(post, &self.likelihood).grad;
-            self.adam.step(&mut theta, &grad);
-            let post = self.posterior.as_mut().expect("initialised");
-            set_hyperparameters(&mut post.kernel, &mut self.likelihood, &theta);
-            post.refresh()?;
+        let theta = hyperparameters(self.kernel(), &self.likelihood);
+        match self.config.optimizer {
+            Optimizer::Adam { .. } => {
+                let mut theta = theta;
+                for _ in 0..self.config.m_steps {
+                    let (_, grad) = self.objective(shards, memory_weight).await?;
+                    self.adam.step(&mut theta, &grad);
+                    self.set_hyperparameters(&theta)?;
+                }
+            }
+            Optimizer::Lbfgs { history } => {
+                let mut search = Lbfgs::new(theta, self.config.m_steps, history);
+                while let Some(theta) = search.next_point() {
+                    let outcome = match self.set_hyperparameters(&theta.clone()) {
+                        Ok(()) => self.objective(shards, memory_weight).await,
+                        Err(e) => Err(e),
+                    };
+                    search.tell(outcome)?;
+                }
+                self.set_hyperparameters(&search.best().0)?;
+            }
         }
         Ok(())
+    }
+
+    /// `F(θ)` and its gradient at the current hyperparameters, with the batch
+    /// and memory re-learned first if so configured.
+    async fn objective(&mut self, shards: &mut impl Shards, memory_weight: f64) -> Result<(f64, DVector<f64>)> {
+        if self.config.relearn_in_m_step {
+            let e_step = if self.likelihood.is_conjugate() {
+                EStepConfig { steps: 1, rho: 1.0 }
+            } else {
+                self.config.e_step
+            };
+            self.relearn_with(shards, e_step).await?;
+        }
+        let query = Query::Gradient {
+            model: self.current(),
+            memory_weight,
+        };
+        let terms = match shards.ask(query).await {
+            Answer::Terms(terms) => terms.total(),
+            other => return Err(unexpected("M-step terms", &other)),
+        };
+        let objective = terms.finish(self.require()?, &self.likelihood);
+        Ok((objective.value, objective.grad))
+    }
+
+    fn set_hyperparameters(&mut self, theta: &DVector<f64>) -> Result<()> {
+        let post = self.posterior.as_mut().expect("initialised");
+        set_hyperparameters(&mut post.kernel, &mut self.likelihood, theta);
+        post.refresh()
     }
 
     /// Step 5: new memory points by their reservoir keys (BLS-weighted at the

@@ -4,6 +4,14 @@
 //! add up across shards ([`Answer::merge`]). The learner itself never touches
 //! points: the same update runs on one local shard or on every worker of a
 //! dataflow.
+//!
+//! Points fall into [`BLOCKS`] fixed blocks by id, and a worker owns whole
+//! blocks. Sums are made per block and added in block order, so an update's
+//! arithmetic is the same, bit for bit, on any number of workers: the
+//! optimiser's line searches take the same branches, and results agree
+//! exactly rather than up to amplified rounding.
+
+use std::collections::BTreeMap;
 
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
@@ -23,10 +31,14 @@ pub struct PointId {
     pub id: i64,
 }
 
-/// The worker a record id belongs to is `route(id) % peers`: records and the
-/// memory points they become stay on the same worker.
+/// How many blocks the points are summed in. Up to this many workers share
+/// the work; more would idle.
+pub const BLOCKS: u64 = 32;
+
+/// The block of a record id. Worker `block % peers` owns the block: records
+/// and the memory points they become stay on the same worker.
 pub fn route(id: i64) -> u64 {
-    splitmix64(id as u64)
+    splitmix64(id as u64) % BLOCKS
 }
 
 /// A well-mixed 64-bit hash (Steele et al.'s SplitMix64 finaliser).
@@ -86,15 +98,15 @@ pub enum Answer {
     Nothing,
     /// Ids and inputs of the batch's records, in id order.
     Arrivals(Vec<(PointId, Vec<f64>)>),
-    Totals(Vec<Sites>),
-    Terms(DataTerms),
+    Totals(BlockSums<Vec<Sites>>),
+    Terms(BlockSums<DataTerms>),
     Keys(Vec<(PointId, f64)>),
     Memory(Vec<MemoryPoint>),
 }
 
 impl Answer {
-    /// Sums partial sums and concatenates lists (in id order, so that the
-    /// whole does not depend on how the points were shared out).
+    /// Keeps block sums apart and concatenates lists (in id order, so that
+    /// the whole does not depend on how the points were shared out).
     pub fn merge(self, other: Answer) -> Answer {
         match (self, other) {
             (Answer::Nothing, b) => b,
@@ -104,16 +116,8 @@ impl Answer {
                 a.sort_by_key(|r| r.0);
                 Answer::Arrivals(a)
             }
-            (Answer::Totals(mut a), Answer::Totals(b)) => {
-                for (a, b) in a.iter_mut().zip(&b) {
-                    a.add(b, 1.0);
-                }
-                Answer::Totals(a)
-            }
-            (Answer::Terms(mut a), Answer::Terms(b)) => {
-                a.add(&b);
-                Answer::Terms(a)
-            }
+            (Answer::Totals(a), Answer::Totals(b)) => Answer::Totals(a.merge(b)),
+            (Answer::Terms(a), Answer::Terms(b)) => Answer::Terms(a.merge(b)),
             (Answer::Keys(mut a), Answer::Keys(b)) => {
                 a.extend(b);
                 a.sort_by_key(|k| k.0);
@@ -129,33 +133,154 @@ impl Answer {
     }
 }
 
-/// One worker's points for the current update and their working state.
+/// A partial sum that adds another of its kind.
+pub trait Summand {
+    fn add(&mut self, other: &Self);
+}
+
+impl Summand for Vec<Sites> {
+    fn add(&mut self, other: &Self) {
+        for (a, b) in self.iter_mut().zip(other) {
+            a.add(b, 1.0);
+        }
+    }
+}
+
+impl Summand for DataTerms {
+    fn add(&mut self, other: &Self) {
+        DataTerms::add(self, other);
+    }
+}
+
+/// Partial sums of one or more blocks, kept apart until
+/// [`total`](Self::total) adds them in block order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BlockSums<T>(Vec<(u64, T)>);
+
+impl<T: Summand> BlockSums<T> {
+    fn one(block: u64, sum: T) -> Self {
+        BlockSums(vec![(block, sum)])
+    }
+
+    fn merge(mut self, other: Self) -> Self {
+        self.0.extend(other.0);
+        self.0.sort_by_key(|b| b.0);
+        self
+    }
+
+    /// The sum over all blocks.
+    pub fn total(self) -> T {
+        let mut blocks = self.0.into_iter().map(|b| b.1);
+        let mut sum = blocks.next().expect("made of at least one block");
+        for b in blocks {
+            sum.add(&b);
+        }
+        sum
+    }
+}
+
+/// One worker's points for the current update, in blocks.
 #[derive(Debug, Clone)]
 pub struct Shard {
     partition: Partition,
-    /// This worker's records of the batch, in id order.
+    batch: u64,
+    blocks: BTreeMap<u64, Block>,
+}
+
+impl Shard {
+    /// A shard of `batch` with its records' `ids` (any order).
+    pub fn new(partition: Partition, batch: u64, ids: &[i64], data: Data) -> Self {
+        let mut rows: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, &id) in ids.iter().enumerate() {
+            rows.entry(route(id)).or_default().push(i);
+        }
+        let blocks = rows
+            .into_iter()
+            .map(|(block, rows)| {
+                let ids: Vec<i64> = rows.iter().map(|&i| ids[i]).collect();
+                (block, Block::new(block, batch, &ids, Some(data.select(&rows))))
+            })
+            .collect();
+        Shard {
+            partition,
+            batch,
+            blocks,
+        }
+    }
+
+    pub fn answer(&mut self, mut query: Query) -> Answer {
+        if let Some(model) = query.model_mut() {
+            // A snapshot that came through serialisation lacks its cached factors.
+            model
+                .ensure_factors()
+                .expect("the learner factorised this posterior before sending it");
+        }
+        if let Query::Begin { memory, .. } = &mut query {
+            self.share_out(std::mem::take(memory));
+        }
+        self.blocks
+            .values_mut()
+            .map(|b| b.answer(&query))
+            .fold(Answer::Nothing, Answer::merge)
+    }
+
+    /// Gives each block the memory points it owns (a block may hold only memory).
+    fn share_out(&mut self, memory: Vec<MemoryPoint>) {
+        for block in self.blocks.values_mut() {
+            block.memory.clear();
+        }
+        for p in memory.into_iter().filter(|p| self.partition.owns(p.id.id)) {
+            let block = route(p.id.id);
+            self.blocks
+                .entry(block)
+                .or_insert_with(|| Block::new(block, self.batch, &[], None))
+                .memory
+                .push(p);
+        }
+    }
+}
+
+impl Query {
+    fn model_mut(&mut self) -> Option<&mut Snapshot> {
+        match self {
+            Query::Begin { model, .. }
+            | Query::EStep { model, .. }
+            | Query::Gradient { model, .. }
+            | Query::Recolumn { model }
+            | Query::Keys { model, .. }
+            | Query::Finish { model, .. } => Some(model),
+            Query::Arrivals | Query::Contribution => None,
+        }
+    }
+}
+
+/// The points of one block: its records of the batch, the memory points it
+/// owns, and their working state.
+#[derive(Debug, Clone)]
+struct Block {
+    block: u64,
+    /// The block's records of the batch, in id order.
     batch_ids: Vec<PointId>,
     batch: Option<Data>,
-    /// The memory points this shard owns; their columns and sites are
-    /// brought up to date when the update finishes.
+    /// Its memory points; their columns and sites are brought up to date
+    /// when the update finishes.
     memory: Vec<MemoryPoint>,
-    /// Batch records then owned memory points.
+    /// Batch records then memory points.
     points: Option<Data>,
     cross: Option<Cross>,
     sites: PointSites,
     keys: Vec<f64>,
 }
 
-impl Shard {
-    /// A shard of `batch` with its records' `ids` (any order; kept in id order).
-    pub fn new(partition: Partition, batch: u64, ids: &[i64], data: Data) -> Self {
+impl Block {
+    fn new(block: u64, batch: u64, ids: &[i64], data: Option<Data>) -> Self {
         let mut order: Vec<usize> = (0..ids.len()).collect();
         order.sort_by_key(|&i| ids[i]);
         let batch_ids = order.iter().map(|&i| PointId { batch, id: ids[i] }).collect();
-        Shard {
-            partition,
+        Block {
+            block,
             batch_ids,
-            batch: (data.n() > 0).then(|| data.select(&order)),
+            batch: data.filter(|d| d.n() > 0).map(|d| d.select(&order)),
             memory: Vec::new(),
             points: None,
             cross: None,
@@ -168,69 +293,57 @@ impl Shard {
         self.batch_ids.len()
     }
 
-    pub fn answer(&mut self, query: Query) -> Answer {
+    /// The shard made `query`'s model ready; `Begin`'s memory is already shared out.
+    fn answer(&mut self, query: &Query) -> Answer {
+        let totals = |sums: Vec<Sites>| Answer::Totals(BlockSums::one(self.block, sums));
         match query {
             Query::Arrivals => self.arrivals(),
-            Query::Begin { model, memory } => self.begin(ready(model), memory),
-            Query::EStep { model, rho } => {
-                let model = ready(model);
-                match (&self.points, &self.cross) {
-                    (Some(points), Some(cross)) => Answer::Totals(site_update(
-                        &model.posterior,
-                        &model.likelihood,
-                        points,
-                        cross,
-                        &mut self.sites,
-                        rho,
-                    )),
-                    _ => Answer::Nothing,
+            Query::Begin { model, .. } => self.begin(model),
+            Query::EStep { model, rho } => match (&self.points, &self.cross) {
+                (Some(points), Some(cross)) => totals(site_update(
+                    &model.posterior,
+                    &model.likelihood,
+                    points,
+                    cross,
+                    &mut self.sites,
+                    *rho,
+                )),
+                _ => Answer::Nothing,
+            },
+            Query::Gradient { model, memory_weight } => match &self.points {
+                Some(points) => {
+                    let n_batch = self.n_batch();
+                    let weights: Vec<f64> = (0..points.n())
+                        .map(|i| if i < n_batch { 1.0 } else { *memory_weight })
+                        .collect();
+                    let cross = model.posterior.cross(points.x());
+                    let terms = DataTerms::new(&model.posterior, &model.likelihood, points, &cross, Some(&weights));
+                    Answer::Terms(BlockSums::one(self.block, terms))
                 }
-            }
-            Query::Gradient { model, memory_weight } => {
-                let model = ready(model);
-                match &self.points {
-                    Some(points) => {
-                        let n_batch = self.n_batch();
-                        let weights: Vec<f64> = (0..points.n())
-                            .map(|i| if i < n_batch { 1.0 } else { memory_weight })
-                            .collect();
-                        let cross = model.posterior.cross(points.x());
-                        Answer::Terms(DataTerms::new(
-                            &model.posterior,
-                            &model.likelihood,
-                            points,
-                            &cross,
-                            Some(&weights),
-                        ))
-                    }
-                    None => Answer::Nothing,
-                }
-            }
-            Query::Contribution => match &self.cross {
-                Some(cross) => Answer::Totals(self.sites.totals(&cross.kzx)),
                 None => Answer::Nothing,
             },
-            Query::Recolumn { model } => {
-                let model = ready(model);
-                match (&self.points, &mut self.cross) {
-                    (Some(points), Some(cross)) => {
-                        let new = model.posterior.cross(points.x());
-                        let mut change = self.sites.totals(&new.kzx);
-                        for (c, old) in change.iter_mut().zip(self.sites.totals(&cross.kzx)) {
-                            c.add(&old, -1.0);
-                        }
-                        *cross = new;
-                        Answer::Totals(change)
+            Query::Contribution => match &self.cross {
+                Some(cross) => totals(self.sites.totals(&cross.kzx)),
+                None => Answer::Nothing,
+            },
+            Query::Recolumn { model } => match (&self.points, &mut self.cross) {
+                (Some(points), Some(cross)) => {
+                    let new = model.posterior.cross(points.x());
+                    let mut change = self.sites.totals(&new.kzx);
+                    for (c, old) in change.iter_mut().zip(self.sites.totals(&cross.kzx)) {
+                        c.add(&old, -1.0);
                     }
-                    _ => Answer::Nothing,
+                    *cross = new;
+                    totals(change)
                 }
-            }
+                _ => Answer::Nothing,
+            },
             Query::Keys {
                 model,
                 seed,
                 by_leverage,
-            } => self.keys(&ready(model), seed, by_leverage),
-            Query::Finish { keep, .. } => self.finish(&keep),
+            } => self.keys(model, *seed, *by_leverage),
+            Query::Finish { keep, .. } => self.finish(keep),
         }
     }
 
@@ -247,8 +360,7 @@ impl Shard {
         }
     }
 
-    fn begin(&mut self, model: Snapshot, memory: Vec<MemoryPoint>) -> Answer {
-        self.memory = memory.into_iter().filter(|p| self.partition.owns(p.id.id)).collect();
+    fn begin(&mut self, model: &Snapshot) -> Answer {
         let d = model.posterior.d();
         let n = self.n_batch() + self.memory.len();
         self.points = (n > 0).then(|| {
@@ -288,8 +400,8 @@ impl Shard {
         Answer::Keys(self.batch_ids.iter().copied().zip(self.keys.iter().copied()).collect())
     }
 
-    /// The owned memory points with the columns and sites they now hold in
-    /// the totals, and the batch records chosen to join them.
+    /// The memory points with the columns and sites they now hold in the
+    /// totals, and the batch records chosen to join them.
     fn finish(&mut self, keep: &[PointId]) -> Answer {
         let n_batch = self.n_batch();
         let Some(cross) = &self.cross else {
@@ -321,12 +433,4 @@ impl Shard {
         memory.sort_by_key(|p| p.id);
         Answer::Memory(memory)
     }
-}
-
-/// A snapshot that came through serialisation lacks its cached factors.
-fn ready(mut model: Snapshot) -> Snapshot {
-    model
-        .ensure_factors()
-        .expect("the learner factorised this posterior before sending it");
-    model
 }

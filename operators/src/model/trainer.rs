@@ -14,15 +14,8 @@ use super::estep::{e_step, EStepConfig, PointSites};
 use super::inducing::select_inducing;
 use super::likelihood::Likelihood;
 use super::objective::{hyperparameters, m_step_objective, set_hyperparameters, Objective};
-use super::optim::{lbfgs_maximize, Adam};
+use super::optim::{lbfgs_maximize, Adam, Optimizer};
 use super::posterior::DualPosterior;
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Optimizer {
-    Adam { lr: f64 },
-    Lbfgs { history: usize },
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
