@@ -18,9 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::estep::{site_update, PointSites};
+use super::kernel::Kernel;
 use super::memory::{bayesian_leverage_scores, point_uniform, reservoir_key, MemoryPoint};
 use super::objective::DataTerms;
-use super::posterior::{Cross, Sites};
+use super::posterior::{Cross, DualPosterior, Sites};
 use super::snapshot::Snapshot;
 
 /// A record's identity across the stream: the batch it came in and its id.
@@ -267,9 +268,34 @@ struct Block {
     memory: Vec<MemoryPoint>,
     /// Batch records then memory points.
     points: Option<Data>,
+    /// The kernel columns the sites were added to the totals with, and what
+    /// they were computed under.
     cross: Option<Cross>,
+    cross_under: Option<ColumnsKey>,
     sites: PointSites,
     keys: Vec<f64>,
+}
+
+/// What kernel columns depend on: the same key, the same columns.
+#[derive(Debug, Clone, PartialEq)]
+struct ColumnsKey {
+    kernel: Kernel,
+    z: DMatrix<f64>,
+    jitter: f64,
+}
+
+impl ColumnsKey {
+    fn of(post: &DualPosterior) -> Self {
+        ColumnsKey {
+            kernel: post.kernel.clone(),
+            z: post.z.clone(),
+            jitter: post.jitter,
+        }
+    }
+
+    fn matches(&self, post: &DualPosterior) -> bool {
+        self.kernel == post.kernel && self.z == post.z && self.jitter == post.jitter
+    }
 }
 
 impl Block {
@@ -284,6 +310,7 @@ impl Block {
             memory: Vec::new(),
             points: None,
             cross: None,
+            cross_under: None,
             sites: PointSites::zeros(0, 0),
             keys: Vec::new(),
         }
@@ -316,8 +343,16 @@ impl Block {
                     let weights: Vec<f64> = (0..points.n())
                         .map(|i| if i < n_batch { 1.0 } else { *memory_weight })
                         .collect();
-                    let cross = model.posterior.cross(points.x());
-                    let terms = DataTerms::new(&model.posterior, &model.likelihood, points, &cross, Some(&weights));
+                    // A re-learning M-step has just recolumned under this θ: reuse the columns.
+                    let fresh;
+                    let cross = match (&self.cross, &self.cross_under) {
+                        (Some(cross), Some(key)) if key.matches(&model.posterior) => cross,
+                        _ => {
+                            fresh = model.posterior.cross(points.x());
+                            &fresh
+                        }
+                    };
+                    let terms = DataTerms::new(&model.posterior, &model.likelihood, points, cross, Some(&weights));
                     Answer::Terms(BlockSums::one(self.block, terms))
                 }
                 None => Answer::Nothing,
@@ -334,6 +369,7 @@ impl Block {
                         c.add(&old, -1.0);
                     }
                     *cross = new;
+                    self.cross_under = Some(ColumnsKey::of(&model.posterior));
                     totals(change)
                 }
                 _ => Answer::Nothing,
@@ -378,6 +414,7 @@ impl Block {
             Data::new(x, y).expect("records and memory points were validated")
         });
         self.cross = self.points.as_ref().map(|p| model.posterior.cross(p.x()));
+        self.cross_under = Some(ColumnsKey::of(&model.posterior));
         self.sites = PointSites::zeros(n, model.posterior.n_latent());
         Answer::Nothing
     }
