@@ -89,9 +89,9 @@ pub fn serve_http(
                 Ok((mut stream, _)) => {
                     let _ = stream.set_nonblocking(false);
                     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-                    // The request itself does not matter: every path gets the metrics.
-                    let mut request = [0u8; 1024];
-                    let _ = stream.read(&mut request);
+                    // Every path gets the metrics, but the request head must be read
+                    // whole: closing on unread bytes resets the connection under the client.
+                    read_request_head(&mut stream);
                     let body = metrics.lock().map(|m| m.render()).unwrap_or_default();
                     let _ = write!(
                         stream,
@@ -105,6 +105,19 @@ pub fn serve_http(
         }
     });
     Ok((bound, thread))
+}
+
+/// Reads until the blank line that ends an HTTP request head, a read error or
+/// timeout, end of stream, or 8 KiB, whichever comes first.
+fn read_request_head(stream: &mut impl Read) {
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -129,7 +142,15 @@ mod tests {
         let (addr, thread) = serve_http("127.0.0.1:0".parse().unwrap(), metrics, Arc::clone(&stop)).unwrap();
         let mut stream = TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        // Sent in pieces with pauses: the server must wait for the whole head.
+        for piece in [
+            "GET /metrics HTTP/1.1\r\n".to_string(),
+            format!("Host: {addr}\r\n"),
+            "\r\n".to_string(),
+        ] {
+            stream.write_all(piece.as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let mut answer = String::new();
         stream.read_to_string(&mut answer).unwrap();
         stop.store(true, Ordering::SeqCst);
