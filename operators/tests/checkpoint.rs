@@ -8,8 +8,8 @@ use dualgp_operators::dataflow::{
     Checkpoint, CheckpointStore, LearnGp, ModelUpdate, Prediction, Record, WriteCheckpoints,
 };
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, Predictive, SequentialConfig,
-    SequentialLearner,
+    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, PastInMStep, Predictive,
+    SequentialConfig, SequentialLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -52,6 +52,7 @@ fn learner() -> SequentialLearner {
         m_rounds: 2,
         reexpress_old_data: true,
         relearn_in_m_step: false,
+        past_in_m_step: PastInMStep::ScaledMemory,
         optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::Reservoir { capacity: 30 },
         seed: 3,

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
 use dualgp_operators::model::{
-    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, Predictive,
-    SequentialConfig, SequentialLearner,
+    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep,
+    Predictive, SequentialConfig, SequentialLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -73,6 +73,12 @@ fn learner(classes: bool) -> SequentialLearner {
         m_rounds: 2,
         reexpress_old_data: true,
         relearn_in_m_step,
+        // Past data's message takes one more round of questions to the workers.
+        past_in_m_step: if relearn_in_m_step {
+            PastInMStep::Message
+        } else {
+            PastInMStep::ScaledMemory
+        },
         optimizer,
         memory,
         seed: 7,

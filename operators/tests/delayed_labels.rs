@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use dualgp_operators::dataflow::{delayed_labels, LearnGp, ModelUpdate, Record};
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, Predictive,
+    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep, Predictive,
     SequentialConfig, SequentialLearner,
 };
 use nalgebra::DMatrix;
@@ -58,6 +58,7 @@ fn learner() -> SequentialLearner {
         m_rounds: 1,
         reexpress_old_data: true,
         relearn_in_m_step: false,
+        past_in_m_step: PastInMStep::ScaledMemory,
         optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::PerBatch { k: 5 },
         seed: 1,

@@ -2,7 +2,9 @@
 //! differences, for every likelihood and for composite kernels.
 
 use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::objective::{hyperparameters, m_step_objective, set_hyperparameters};
+use dualgp_operators::model::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms};
+use dualgp_operators::model::past::PastMessage;
+use dualgp_operators::model::posterior::Sites;
 use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, PointSites};
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -153,5 +155,62 @@ fn softmax_gradient_matches_finite_differences() {
             seed: 5,
         },
         false,
+    );
+}
+
+/// With past data's message held (`PastInMStep::Message`) the gradient is
+/// `∂F/∂θ` with `q(u) = N(μ, S)` held: here the sites are re-solved at every
+/// `θ` so that `q` stays put, and `F` is differenced.
+fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood) {
+    let (mut post, data) = fitted(kernel, &lik, 11);
+    let q: Vec<(DVector<f64>, DMatrix<f64>)> = (0..post.n_latent()).map(|c| post.q_u(c)).collect();
+    let no_message = PastMessage::of(&post, &vec![Sites::zeros(post.m()); post.n_latent()]);
+    let objective = |post: &DualPosterior, lik: &Likelihood| {
+        let terms = DataTerms::new(post, lik, &data, &post.cross(data.x()), None);
+        terms.finish(post, lik, Some(&no_message))
+    };
+    let analytic = objective(&post, &lik).grad;
+    let theta = hyperparameters(&post.kernel, &lik);
+    let mut value_at = |t: &DVector<f64>| {
+        set_hyperparameters(&mut post.kernel, &mut lik, t);
+        // q(u) = N(Kw, KR⁻¹K) held: R = KS⁻¹K, Λ = R − K, l = Rw = KS⁻¹μ.
+        let k = post.k_zz();
+        for (sites, (mu, s)) in post.sites.iter_mut().zip(&q) {
+            let s_inv = s.clone().cholesky().unwrap();
+            sites.l = &k * s_inv.solve(mu);
+            sites.lambda = &k * s_inv.solve(&k) - &k;
+        }
+        post.refresh().unwrap();
+        objective(&post, &lik).value
+    };
+    let h = 1e-5;
+    for p in 0..theta.len() {
+        let (mut plus, mut minus) = (theta.clone(), theta.clone());
+        plus[p] += h;
+        minus[p] -= h;
+        let numeric = (value_at(&plus) - value_at(&minus)) / (2.0 * h);
+        let err = (analytic[p] - numeric).abs() / numeric.abs().max(1e-3);
+        assert!(
+            err < 1e-5,
+            "parameter {p}: analytic {} vs finite difference {numeric} (rel. error {err:e})",
+            analytic[p]
+        );
+    }
+}
+
+#[test]
+fn with_q_held_the_gradient_matches_finite_differences() {
+    check_gradient_with_q_held(matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 });
+    check_gradient_with_q_held(
+        Kernel::stationary(Family::Matern32, 1.2, vec![0.9]),
+        Likelihood::Bernoulli { link: Link::Probit },
+    );
+    check_gradient_with_q_held(
+        Kernel::stationary(Family::SquaredExponential, 1.0, vec![1.1]),
+        Likelihood::Softmax {
+            classes: 3,
+            samples: 64,
+            seed: 5,
+        },
     );
 }

@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
     EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, OsgprConfig, OsgprInducing,
-    SequentialConfig,
+    PastInMStep, SequentialConfig,
 };
 use serde::Deserialize;
 
@@ -37,6 +37,15 @@ pub enum InducingPolicyName {
 pub enum OptimizerName {
     Adam,
     Lbfgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PastName {
+    /// The memory's terms scaled by n_old/|M| (the paper).
+    ScaledMemory,
+    /// Past data's message about f(Z) held, the memory's terms as they are.
+    Message,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -88,6 +97,9 @@ pub struct ModelArgs {
     /// Re-learn the batch and memory at every hyperparameter value the M-step tries (true|false).
     #[arg(long)]
     pub m_relearn: Option<bool>,
+    /// How the M-step stands for past data no longer at hand (dual-memory).
+    #[arg(long, value_enum)]
+    pub m_past: Option<PastName>,
     /// M-step rounds per batch, the batch and memory re-learned between them.
     #[arg(long)]
     pub m_rounds: Option<usize>,
@@ -130,6 +142,7 @@ impl ModelArgs {
             m_steps: over.m_steps.or(self.m_steps),
             m_lr: over.m_lr.or(self.m_lr),
             m_relearn: over.m_relearn.or(self.m_relearn),
+            m_past: over.m_past.or(self.m_past),
             m_rounds: over.m_rounds.or(self.m_rounds),
             seed: over.seed.or(self.seed),
         }
@@ -162,6 +175,7 @@ impl ModelArgs {
                     m_rounds: 1,
                     reexpress_old_data: false,
                     relearn_in_m_step: false,
+                    past_in_m_step: PastInMStep::ScaledMemory,
                     optimizer: Optimizer::Adam { lr: 0.01 },
                     memory: MemoryPolicy::PerBatch { k: 10 },
                     seed: self.seed.unwrap_or(0),
@@ -183,6 +197,7 @@ impl ModelArgs {
                     m_rounds: 1,
                     reexpress_old_data: true,
                     relearn_in_m_step: true,
+                    past_in_m_step: PastInMStep::ScaledMemory,
                     optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
                     memory: MemoryPolicy::PerBatch { k: 20 },
                     seed: self.seed.unwrap_or(0),
@@ -238,6 +253,15 @@ impl ModelArgs {
         };
         if let Some(relearn) = self.m_relearn {
             q.relearn_in_m_step = relearn;
+        }
+        if let Some(past) = self.m_past {
+            q.past_in_m_step = match past {
+                PastName::ScaledMemory => PastInMStep::ScaledMemory,
+                PastName::Message => PastInMStep::Message,
+            };
+        }
+        if q.past_in_m_step == PastInMStep::Message && !q.relearn_in_m_step {
+            bail!("--m-past message needs --m-relearn true");
         }
         if let Some(r) = self.m_rounds {
             q.m_rounds = r;

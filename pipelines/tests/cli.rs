@@ -155,6 +155,11 @@ fn eval_refuses_bad_invocations_in_one_line() {
     refuses_as("gamma", &banana, &["--fold", "0"], "--likelihood");
     refuses(&banana, &["--fold", "0", "--order", "sorted:x9"], "x9");
     refuses(&banana, &["--fold", "0", "--m-lr", "0.1"], "--m-optimizer adam");
+    refuses(
+        &banana,
+        &["--fold", "0", "--m-past", "message", "--m-relearn", "false"],
+        "--m-relearn true",
+    );
     assert!(!report.exists(), "a failed run wrote a report");
 }
 

@@ -15,6 +15,7 @@ pub mod memory;
 pub mod objective;
 pub mod optim;
 pub mod osgpr;
+pub mod past;
 pub mod posterior;
 pub mod predict;
 pub mod quadrature;
@@ -33,7 +34,9 @@ pub use optim::Optimizer;
 pub use osgpr::{OsgprConfig, OsgprInducing, OsgprLearner, OsgprReport};
 pub use posterior::DualPosterior;
 pub use predict::{evaluate, predict, Metrics};
-pub use sequential::{InducingPolicy, SequentialConfig, SequentialLearner, Shards, StepSeconds, UpdateReport};
+pub use sequential::{
+    InducingPolicy, PastInMStep, SequentialConfig, SequentialLearner, Shards, StepSeconds, UpdateReport,
+};
 pub use shard::{Answer, BlockSums, Partition, PointId, Query, Shard, Summand, BLOCKS};
 pub use snapshot::Snapshot;
 pub use trainer::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};

@@ -14,6 +14,7 @@ use super::error::{ModelError, Result};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood};
 use super::linalg::transposed;
+use super::past::PastMessage;
 use super::posterior::{Cross, DualPosterior};
 
 /// `F(θ)` and `∂F/∂ log θ`.
@@ -65,7 +66,7 @@ pub fn m_step_objective(
         }
     }
     let terms = DataTerms::new(post, likelihood, data, &post.cross(data.x()), weights);
-    Ok(terms.finish(post, likelihood))
+    Ok(terms.finish(post, likelihood, None))
 }
 
 /// The part of `F(θ)` and its gradient that sums over points: what one worker
@@ -174,7 +175,12 @@ impl DataTerms {
 
     /// `F(θ)` and its gradient: the summed data terms, minus the KL term, with
     /// the chain rule through `K = K(Z, Z) + εI`.
-    pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood) -> Objective {
+    ///
+    /// Without `past`, every site is held as `θ` moves (t-SVGP's dual M-step
+    /// bound). With it, `q(u)` is held instead and `F` gains `E_q[log t(u)]`:
+    /// at the `q` that is optimal for `F` (the sites re-learned and past data's
+    /// message `t` held in u-space), this is the gradient of the collapsed bound.
+    pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&PastMessage>) -> Objective {
         let m = post.m();
         let factors = post.factors();
         let k = post.k_zz();
@@ -183,10 +189,20 @@ impl DataTerms {
         for c in 0..post.n_latent() {
             let w = &factors.w[c];
             let r_inv = factors.r_inv(c);
+            let gram = &self.gram_d_var[c];
+            if past.is_some() {
+                // With q(u) = N(Kw, KR⁻¹K) held, μ_i = k_iᵀK⁻¹(Kw):  ∂/∂K = −(K⁻¹ K_zx a) wᵀ.
+                g_k.ger(-1.0, &(k_inv * &self.kzx_d_mean[c]), w, 1.0);
+                // v_i = k_ii − k_iᵀK⁻¹k_i + k_iᵀR⁻¹k_i, with R⁻¹ = K⁻¹SK⁻¹ and S held.
+                let k_inv_gram = k_inv * gram;
+                g_k += &k_inv_gram * k_inv - &k_inv_gram * r_inv - r_inv * k_inv_gram.transpose();
+                // −KL[N(μ, S) ‖ N(0, K)]:  ∂/∂K = ½ (K⁻¹SK⁻¹ + K⁻¹μμᵀK⁻¹ − K⁻¹).
+                g_k += 0.5 * (r_inv + w * w.transpose() - k_inv);
+                continue;
+            }
             // μ:  ∂/∂K = −(R⁻¹ K_zx a) wᵀ.
             g_k.ger(-1.0, &(r_inv * &self.kzx_d_mean[c]), w, 1.0);
             // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz.
-            let gram = &self.gram_d_var[c];
             g_k += k_inv * gram * k_inv - r_inv * gram * r_inv;
             // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
             let r_inv_k = r_inv * &k;
@@ -204,7 +220,7 @@ impl DataTerms {
         grad.rows_mut(kernel.n_params(), likelihood.n_params())
             .copy_from(&self.likelihood_grad);
         Objective {
-            value: self.value - post.kl(),
+            value: self.value - post.kl() + past.map_or(0.0, |p| p.expected_log(post)),
             grad,
             grad_z,
         }

@@ -21,6 +21,7 @@ use super::likelihood::{Likelihood, Predictive};
 use super::memory::{project_sites, top_k, Memory, MemoryPolicy};
 use super::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
 use super::optim::{Adam, Lbfgs, Optimizer};
+use super::past::PastMessage;
 use super::posterior::{DualPosterior, Sites};
 use super::predict::{evaluate, predict, Metrics};
 use super::shard::{Answer, Partition, PointId, Query, Shard};
@@ -33,6 +34,18 @@ pub enum InducingPolicy {
     Fixed,
     /// Pivoted Cholesky over the current `Z` and each new batch, sites projected.
     Pivoted,
+}
+
+/// How the M-step stands for past data no longer at hand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PastInMStep {
+    /// The memory's terms scaled by `n_old / |M|`, older sites held (the paper).
+    #[default]
+    ScaledMemory,
+    /// Past data's message about `u = f(Z)` held in u-space and its expected
+    /// log in `F` (Bui et al. 2017's old term), the memory's terms as they are.
+    Message,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +72,8 @@ pub struct SequentialConfig {
     /// Off: their sites are held too (the paper).
     #[serde(default)]
     pub relearn_in_m_step: bool,
+    #[serde(default)]
+    pub past_in_m_step: PastInMStep,
     pub optimizer: Optimizer,
     pub memory: MemoryPolicy,
     pub seed: u64,
@@ -74,6 +89,7 @@ impl Default for SequentialConfig {
             m_rounds: 1,
             reexpress_old_data: false,
             relearn_in_m_step: false,
+            past_in_m_step: PastInMStep::ScaledMemory,
             optimizer: Optimizer::Adam { lr: 0.01 },
             memory: MemoryPolicy::PerBatch { k: 10 },
             seed: 0,
@@ -98,6 +114,12 @@ impl SequentialConfig {
                 return Err(ModelError::Config("L-BFGS needs a history of at least 1".into()));
             }
             _ => {}
+        }
+        if self.past_in_m_step == PastInMStep::Message && !self.relearn_in_m_step {
+            // Its gradient holds q(u), which is right only where q is re-learned at each θ.
+            return Err(ModelError::Config(
+                "past data as a message in the M-step needs the batch and memory re-learned at every θ".into(),
+            ));
         }
         self.e_step.validate()
     }
@@ -274,10 +296,9 @@ impl SequentialLearner {
         } else {
             0
         };
+        let message = self.config.past_in_m_step == PastInMStep::Message;
         for round in 0..rounds {
-            let before = self
-                .config
-                .reexpress_old_data
+            let before = (self.config.reexpress_old_data && !message)
                 .then(|| self.require().cloned())
                 .transpose()?;
             self.m_step(shards).await?;
@@ -285,7 +306,7 @@ impl SequentialLearner {
                 self.reexpress_old_data(shards, before).await?;
             }
             lap(&mut seconds.m_step);
-            if before.is_some() || round + 1 < rounds {
+            if before.is_some() || message || round + 1 < rounds {
                 self.relearn(shards).await?;
             }
             lap(&mut seconds.e_step);
@@ -424,9 +445,14 @@ impl SequentialLearner {
 
     /// Step 4: Adam steps or an L-BFGS search on `F(θ)` with older data's
     /// sites held (and the batch's and memory's too, unless re-learning); the
-    /// memory's terms are scaled by `n_old / |M|` to stand for all past data.
+    /// memory's terms are scaled by `n_old / |M|` to stand for all past data,
+    /// or past data keeps its message (see [`PastInMStep`]).
     async fn m_step(&mut self, shards: &mut impl Shards) -> Result<()> {
-        let memory_weight = if self.memory.is_empty() {
+        let mut past = match self.config.past_in_m_step {
+            PastInMStep::Message => Some(self.past(shards).await?),
+            PastInMStep::ScaledMemory => None,
+        };
+        let memory_weight = if self.memory.is_empty() || past.is_some() {
             1.0
         } else {
             self.n_seen as f64 / self.memory.len() as f64
@@ -436,29 +462,48 @@ impl SequentialLearner {
             Optimizer::Adam { .. } => {
                 let mut theta = theta;
                 for _ in 0..self.config.m_steps {
-                    let (_, grad) = self.objective(shards, memory_weight).await?;
+                    let (_, grad) = self.objective(shards, memory_weight, past.as_ref()).await?;
                     self.adam.step(&mut theta, &grad);
-                    self.set_hyperparameters(&theta)?;
+                    self.set_hyperparameters(&theta, past.as_mut())?;
                 }
             }
             Optimizer::Lbfgs { history } => {
                 let mut search = Lbfgs::new(theta, self.config.m_steps, history);
                 while let Some(theta) = search.next_point() {
-                    let outcome = match self.set_hyperparameters(&theta.clone()) {
-                        Ok(()) => self.objective(shards, memory_weight).await,
+                    let outcome = match self.set_hyperparameters(&theta.clone(), past.as_mut()) {
+                        Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,
                         Err(e) => Err(e),
                     };
                     search.tell(outcome)?;
                 }
-                self.set_hyperparameters(&search.best().0)?;
+                self.set_hyperparameters(&search.best().0, past.as_mut())?;
             }
         }
         Ok(())
     }
 
+    /// Past data's message: the totals but for the batch's and memory's contribution.
+    async fn past(&mut self, shards: &mut impl Shards) -> Result<Past> {
+        let here = self.totals(shards, Query::Contribution).await?;
+        let post = self.require()?;
+        let mut sites = post.sites.clone();
+        for (sites, here) in sites.iter_mut().zip(&here) {
+            sites.add(here, -1.0);
+        }
+        Ok(Past {
+            message: PastMessage::of(post, &sites),
+            sites,
+        })
+    }
+
     /// `F(θ)` and its gradient at the current hyperparameters, with the batch
     /// and memory re-learned first if so configured.
-    async fn objective(&mut self, shards: &mut impl Shards, memory_weight: f64) -> Result<(f64, DVector<f64>)> {
+    async fn objective(
+        &mut self,
+        shards: &mut impl Shards,
+        memory_weight: f64,
+        past: Option<&Past>,
+    ) -> Result<(f64, DVector<f64>)> {
         if self.config.relearn_in_m_step {
             let e_step = if self.likelihood.is_conjugate() {
                 EStepConfig { steps: 1, rho: 1.0 }
@@ -475,13 +520,22 @@ impl SequentialLearner {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        let objective = terms.finish(self.require()?, &self.likelihood);
+        let objective = terms.finish(self.require()?, &self.likelihood, past.map(|p| &p.message));
         Ok((objective.value, objective.grad))
     }
 
-    fn set_hyperparameters(&mut self, theta: &DVector<f64>) -> Result<()> {
+    /// Sets `θ`; past data's sites follow so that its message stays put.
+    fn set_hyperparameters(&mut self, theta: &DVector<f64>, past: Option<&mut Past>) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
         set_hyperparameters(&mut post.kernel, &mut self.likelihood, theta);
+        if let Some(past) = past {
+            let sites = past.message.sites(post);
+            for ((totals, new), old) in post.sites.iter_mut().zip(&sites).zip(&past.sites) {
+                totals.add(new, 1.0);
+                totals.add(old, -1.0);
+            }
+            past.sites = sites;
+        }
         post.refresh()
     }
 
@@ -542,6 +596,13 @@ impl SequentialLearner {
         self.memory = Memory::from_points(points, post.m(), post.n_latent());
         Ok(())
     }
+}
+
+/// Past data's message during an M-step, and the sites it has in the totals
+/// under the current `θ`.
+struct Past {
+    message: PastMessage,
+    sites: Vec<Sites>,
 }
 
 /// Asks every shard the same question and merges their answers.
