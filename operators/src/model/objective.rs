@@ -14,8 +14,7 @@ use super::error::{ModelError, Result};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood};
 use super::linalg::transposed;
-use super::past::PastMessage;
-use super::posterior::{Cross, DualPosterior};
+use super::posterior::{Cross, DualPosterior, Sites};
 
 /// `F(θ)` and `∂F/∂ log θ`.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +66,21 @@ pub fn m_step_objective(
     }
     let terms = DataTerms::new(post, likelihood, data, &post.cross(data.x()), weights);
     Ok(terms.finish(post, likelihood, None))
+}
+
+/// `E_q[log t(u)]` (up to a constant) of a message `t(u) = exp(η₁ᵀu − ½uᵀη₂u)`
+/// whose sites under the posterior's `K` are `sites` (`l = Kη₁`, `Λ = Kη₂K`):
+/// with `q(u) = N(Kw, KR⁻¹K)`, `η₁ᵀμ − ½μᵀη₂μ − ½tr(η₂S) = lᵀw − ½wᵀΛw − ½tr(ΛR⁻¹)`.
+fn expected_log_message(post: &DualPosterior, sites: &[Sites]) -> f64 {
+    let factors = post.factors();
+    sites
+        .iter()
+        .enumerate()
+        .map(|(c, t)| {
+            let w = &factors.w[c];
+            t.l.dot(w) - 0.5 * w.dot(&(&t.lambda * w)) - 0.5 * t.lambda.component_mul(factors.r_inv(c)).sum()
+        })
+        .sum()
 }
 
 /// The part of `F(θ)` and its gradient that sums over points: what one worker
@@ -177,10 +191,12 @@ impl DataTerms {
     /// the chain rule through `K = K(Z, Z) + εI`.
     ///
     /// Without `past`, every site is held as `θ` moves (t-SVGP's dual M-step
-    /// bound). With it, `q(u)` is held instead and `F` gains `E_q[log t(u)]`:
-    /// at the `q` that is optimal for `F` (the sites re-learned and past data's
-    /// message `t` held in u-space), this is the gradient of the collapsed bound.
-    pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&PastMessage>) -> Objective {
+    /// bound). With `past`, the part of the totals that is past data's message
+    /// `t(u)` (see [`PastMessage`](super::past::PastMessage)), `q(u)` is held
+    /// instead and `F` gains `E_q[log t(u)]`: at the `q` that is optimal for `F`
+    /// (the sites re-learned and `t` held in u-space), this is the gradient of
+    /// the collapsed bound.
+    pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&[Sites]>) -> Objective {
         let m = post.m();
         let factors = post.factors();
         let k = post.k_zz();
@@ -220,7 +236,7 @@ impl DataTerms {
         grad.rows_mut(kernel.n_params(), likelihood.n_params())
             .copy_from(&self.likelihood_grad);
         Objective {
-            value: self.value - post.kl() + past.map_or(0.0, |p| p.expected_log(post)),
+            value: self.value - post.kl() + past.map_or(0.0, |p| expected_log_message(post, p)),
             grad,
             grad_z,
         }

@@ -46,15 +46,10 @@ impl PastMessage {
         }
     }
 
-    /// `G = L₀⁻¹K` under `post`'s current kernel.
-    fn g(&self, post: &DualPosterior) -> DMatrix<f64> {
-        self.l0.solve_lower_triangular(&post.k_zz()).expect(POSITIVE_DIAGONAL)
-    }
-
     /// Its site totals under `post`'s current kernel: `l = Kη₁ = Gᵀη̃₁`,
-    /// `Λ = Kη₂K = Gᵀη̃₂G`.
+    /// `Λ = Kη₂K = Gᵀη̃₂G` with `G = L₀⁻¹K`.
     pub fn sites(&self, post: &DualPosterior) -> Vec<Sites> {
-        let g = self.g(post);
+        let g = self.l0.solve_lower_triangular(&post.k_zz()).expect(POSITIVE_DIAGONAL);
         self.eta1
             .iter()
             .zip(&self.eta2)
@@ -67,20 +62,5 @@ impl PastMessage {
                 }
             })
             .collect()
-    }
-
-    /// `E_q[log t(u)]` (up to a constant) under `post`'s `q(u) = N(Kw, KR⁻¹K)`:
-    /// `η₁ᵀμ − ½ μᵀη₂μ − ½ tr(η₂S)`, whitened: `μ̃ = Gw`, `S̃ = GR⁻¹Gᵀ`.
-    pub fn expected_log(&self, post: &DualPosterior) -> f64 {
-        let g = self.g(post);
-        let factors = post.factors();
-        (0..post.n_latent())
-            .map(|c| {
-                let mu = &g * &factors.w[c];
-                let s = &g * factors.chol_r[c].solve(&g.transpose());
-                let (eta1, eta2) = (&self.eta1[c], &self.eta2[c]);
-                eta1.dot(&mu) - 0.5 * mu.dot(&(eta2 * &mu)) - 0.5 * eta2.component_mul(&s).sum()
-            })
-            .sum()
     }
 }

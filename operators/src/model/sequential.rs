@@ -64,6 +64,7 @@ pub struct SequentialConfig {
     /// After each M-step round, keep what past data said about `u = f(Z)`
     /// rather than its sites (see `reexpress_old_data`), then re-learn the batch
     /// and memory. Off: the totals stay as the M-step left them (the paper).
+    /// Implied by [`PastInMStep::Message`], which holds that message throughout.
     #[serde(default)]
     pub reexpress_old_data: bool,
     /// Re-learn the batch and the memory at every `θ` the M-step tries, so
@@ -520,7 +521,7 @@ impl SequentialLearner {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        let objective = terms.finish(self.require()?, &self.likelihood, past.map(|p| &p.message));
+        let objective = terms.finish(self.require()?, &self.likelihood, past.map(|p| p.sites.as_slice()));
         Ok((objective.value, objective.grad))
     }
 

@@ -268,32 +268,33 @@ struct Block {
     memory: Vec<MemoryPoint>,
     /// Batch records then memory points.
     points: Option<Data>,
-    /// The kernel columns the sites were added to the totals with, and what
-    /// they were computed under.
-    cross: Option<Cross>,
-    cross_under: Option<ColumnsKey>,
+    /// The kernel columns the sites were added to the totals with.
+    columns: Option<Columns>,
     sites: PointSites,
     keys: Vec<f64>,
 }
 
-/// What kernel columns depend on: the same key, the same columns.
-#[derive(Debug, Clone, PartialEq)]
-struct ColumnsKey {
+/// Kernel columns of some points and what they depend on (kernel, `Z`,
+/// jitter): the same dependencies, the same columns.
+#[derive(Debug, Clone)]
+struct Columns {
+    cross: Cross,
     kernel: Kernel,
     z: DMatrix<f64>,
     jitter: f64,
 }
 
-impl ColumnsKey {
-    fn of(post: &DualPosterior) -> Self {
-        ColumnsKey {
+impl Columns {
+    fn under(post: &DualPosterior, x: &DMatrix<f64>) -> Self {
+        Columns {
+            cross: post.cross(x),
             kernel: post.kernel.clone(),
             z: post.z.clone(),
             jitter: post.jitter,
         }
     }
 
-    fn matches(&self, post: &DualPosterior) -> bool {
+    fn are_under(&self, post: &DualPosterior) -> bool {
         self.kernel == post.kernel && self.z == post.z && self.jitter == post.jitter
     }
 }
@@ -309,8 +310,7 @@ impl Block {
             batch: data.filter(|d| d.n() > 0).map(|d| d.select(&order)),
             memory: Vec::new(),
             points: None,
-            cross: None,
-            cross_under: None,
+            columns: None,
             sites: PointSites::zeros(0, 0),
             keys: Vec::new(),
         }
@@ -326,12 +326,12 @@ impl Block {
         match query {
             Query::Arrivals => self.arrivals(),
             Query::Begin { model, .. } => self.begin(model),
-            Query::EStep { model, rho } => match (&self.points, &self.cross) {
-                (Some(points), Some(cross)) => totals(site_update(
+            Query::EStep { model, rho } => match (&self.points, &self.columns) {
+                (Some(points), Some(columns)) => totals(site_update(
                     &model.posterior,
                     &model.likelihood,
                     points,
-                    cross,
+                    &columns.cross,
                     &mut self.sites,
                     *rho,
                 )),
@@ -345,8 +345,8 @@ impl Block {
                         .collect();
                     // A re-learning M-step has just recolumned under this θ: reuse the columns.
                     let fresh;
-                    let cross = match (&self.cross, &self.cross_under) {
-                        (Some(cross), Some(key)) if key.matches(&model.posterior) => cross,
+                    let cross = match &self.columns {
+                        Some(columns) if columns.are_under(&model.posterior) => &columns.cross,
                         _ => {
                             fresh = model.posterior.cross(points.x());
                             &fresh
@@ -357,19 +357,18 @@ impl Block {
                 }
                 None => Answer::Nothing,
             },
-            Query::Contribution => match &self.cross {
-                Some(cross) => totals(self.sites.totals(&cross.kzx)),
+            Query::Contribution => match &self.columns {
+                Some(columns) => totals(self.sites.totals(&columns.cross.kzx)),
                 None => Answer::Nothing,
             },
-            Query::Recolumn { model } => match (&self.points, &mut self.cross) {
-                (Some(points), Some(cross)) => {
-                    let new = model.posterior.cross(points.x());
-                    let mut change = self.sites.totals(&new.kzx);
-                    for (c, old) in change.iter_mut().zip(self.sites.totals(&cross.kzx)) {
+            Query::Recolumn { model } => match (&self.points, &mut self.columns) {
+                (Some(points), Some(columns)) => {
+                    let new = Columns::under(&model.posterior, points.x());
+                    let mut change = self.sites.totals(&new.cross.kzx);
+                    for (c, old) in change.iter_mut().zip(self.sites.totals(&columns.cross.kzx)) {
                         c.add(&old, -1.0);
                     }
-                    *cross = new;
-                    self.cross_under = Some(ColumnsKey::of(&model.posterior));
+                    *columns = new;
                     totals(change)
                 }
                 _ => Answer::Nothing,
@@ -413,8 +412,7 @@ impl Block {
             }
             Data::new(x, y).expect("records and memory points were validated")
         });
-        self.cross = self.points.as_ref().map(|p| model.posterior.cross(p.x()));
-        self.cross_under = Some(ColumnsKey::of(&model.posterior));
+        self.columns = self.points.as_ref().map(|p| Columns::under(&model.posterior, p.x()));
         self.sites = PointSites::zeros(n, model.posterior.n_latent());
         Answer::Nothing
     }
@@ -441,7 +439,7 @@ impl Block {
     /// totals, and the batch records chosen to join them.
     fn finish(&mut self, keep: &[PointId]) -> Answer {
         let n_batch = self.n_batch();
-        let Some(cross) = &self.cross else {
+        let Some(Columns { cross, .. }) = &self.columns else {
             return Answer::Memory(std::mem::take(&mut self.memory));
         };
         let row = |m: &DMatrix<f64>, i: usize| m.row(i).iter().copied().collect::<Vec<f64>>();
