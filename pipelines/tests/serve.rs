@@ -1,9 +1,9 @@
 //! The built `dualgp serve` against a real Kafka-protocol broker (tansu) on
 //! 127.0.0.1: every produced record comes out scored exactly once, across a
 //! restart from the checkpoint too; malformed messages land in `IN.dlq` with
-//! their reasons; an unreachable broker is one clear line.
+//! their reasons; an unreachable broker is one clear line, and so is one
+//! that goes away while serve runs.
 
-#[allow(dead_code)] // the durable (S3-backed) broker is for the connector tests
 #[path = "../../connectors/tests/common/broker.rs"]
 mod broker;
 
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
@@ -83,42 +83,44 @@ fn consume_all(address: &str, topic: &str, partitions: i32, expected: usize) -> 
     out
 }
 
+/// `dualgp serve` on banana messages from `in` (batches of 100, m = 20),
+/// checkpointing into `checkpoints`, with `extra` flags; in the background.
+fn spawn_serve(address: &str, checkpoints: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_dualgp"))
+        .args([
+            "serve",
+            "--brokers",
+            address,
+            "--input-topic",
+            "in",
+            "--output-topic",
+            "out",
+        ])
+        .args([
+            "--likelihood",
+            "bernoulli",
+            "--batch-size",
+            "100",
+            "--batch-timeout-ms",
+            "300",
+        ])
+        .args(["--inducing", "20", "--checkpoint-dir", checkpoints.to_str().unwrap()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the dualgp binary runs")
+}
+
 /// Runs serve to its idle exit; with `metrics_port`, also returns the last
 /// metrics page read while it ran.
 fn serve(address: &str, checkpoints: &Path, workers: &str, metrics_port: Option<u16>) -> (String, String) {
     let port = metrics_port.map(|p| p.to_string());
-    let mut args = vec![
-        "serve",
-        "--brokers",
-        address,
-        "--input-topic",
-        "in",
-        "--output-topic",
-        "out",
-        "--likelihood",
-        "bernoulli",
-        "--batch-size",
-        "100",
-        "--batch-timeout-ms",
-        "300",
-        "--workers",
-        workers,
-        "--idle-exit",
-        "3",
-        "--inducing",
-        "20",
-        "--checkpoint-dir",
-        checkpoints.to_str().unwrap(),
-    ];
+    let mut extra = vec!["--workers", workers, "--idle-exit", "3"];
     if let Some(port) = &port {
-        args.extend(["--metrics-port", port]);
+        extra.extend(["--metrics-port", port]);
     }
-    let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs");
+    let child = spawn_serve(address, checkpoints, &extra);
     let mut page = String::new();
     if let Some(port) = metrics_port {
         // Read the endpoint until every record is counted (bounded: the run itself is).
@@ -134,6 +136,15 @@ fn serve(address: &str, checkpoints: &Path, workers: &str, metrics_port: Option<
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "serve failed: {stderr}");
     (String::from_utf8_lossy(&out.stdout).into_owned(), page)
+}
+
+/// Waits (at most a minute) until the metrics count `n` predictions out.
+fn wait_for_predictions(metrics_port: u16, n: usize) {
+    let line = format!("dualgp_predictions_out_total {n}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && !get_metrics(metrics_port).is_some_and(|p| p.contains(&line)) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn get_metrics(port: u16) -> Option<String> {
@@ -280,38 +291,10 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     produce(&address, "in", &messages);
     let checkpoints = tempfile::tempdir().unwrap();
     let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let port = metrics_port.to_string();
     // No --idle-exit: only the signal stops it.
-    let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args([
-            "serve",
-            "--brokers",
-            &address,
-            "--input-topic",
-            "in",
-            "--output-topic",
-            "out",
-        ])
-        .args([
-            "--likelihood",
-            "bernoulli",
-            "--batch-size",
-            "100",
-            "--batch-timeout-ms",
-            "300",
-        ])
-        .args(["--inducing", "20", "--metrics-port", &port])
-        .args(["--checkpoint-dir", checkpoints.path().to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline
-        && !get_metrics(metrics_port).is_some_and(|p| p.contains("dualgp_predictions_out_total 200"))
-    {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let port = metrics_port.to_string();
+    let child = spawn_serve(&address, checkpoints.path(), &["--metrics-port", &port]);
+    wait_for_predictions(metrics_port, 200);
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -330,4 +313,56 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
         "{stdout}"
     );
     assert_eq!(predictions(&address, 200).len(), 200);
+}
+
+#[test]
+fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_once() {
+    // Topics live in a local S3 server, so they outlive the broker process.
+    let mut broker = Broker::start_durable();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, "in", 2).unwrap();
+    let messages: Vec<(String, String)> = banana_messages()
+        .into_iter()
+        .take(300)
+        .map(|(id, m)| (id.to_string(), m))
+        .collect();
+    let (before, after) = messages.split_at(200);
+    produce(&address, "in", before);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = metrics_port.to_string();
+    let mut child = spawn_serve(
+        &address,
+        checkpoints.path(),
+        &["--metrics-port", &port, "--broker-timeout", "3"],
+    );
+    wait_for_predictions(metrics_port, 200);
+    assert_eq!(predictions(&address, 200).len(), 200, "scored before the outage");
+
+    broker.stop();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("serve went on without its broker");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(last.starts_with("dualgp: ") && last.contains(&address), "{stderr}");
+
+    // With the broker back, a restart resumes from the checkpoint: the model
+    // learns the new records, and none of the old ones a second time.
+    broker.restart();
+    produce(&address, "in", after);
+    let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
+    assert!(stdout.contains("100 records scored"), "{stdout}");
+    assert_eq!(predictions(&address, 300).len(), 300);
+    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records_seen"], 300, "{summary}");
 }
