@@ -69,10 +69,10 @@ impl PastMessage {
 /// `a` (symmetric) with its negative eigenvalues set to zero. Past data of a
 /// log-concave likelihood says `u` is at least as certain as the prior does,
 /// so its message has no negative curvature; in the totals it can have some,
-/// from rounding in projections that `K`'s condition number amplifies (on
-/// bike, eigenvalues of `−4` beside `10¹⁰`). Re-expressed at another `θ`, such a
-/// direction makes `K + Λ` indefinite and `F` noise, which the M-step then
-/// climbs.
+/// from rounding that `K`'s condition number amplifies (on bike, eigenvalues
+/// of `−4` beside `10¹⁰`). Re-expressed at another `θ`, such a direction makes
+/// `K + Λ` indefinite and `F` noise, which the M-step then climbs. (A
+/// Student-t message may truly curve down somewhere; this drops that too.)
 fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
     let mut eigen = a.symmetric_eigen();
     eigen.eigenvalues.apply(|v| *v = v.max(0.0));
