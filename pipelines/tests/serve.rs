@@ -39,6 +39,11 @@ fn banana_messages() -> Vec<(i64, String)> {
         .collect()
 }
 
+/// Messages keyed by their id, as `produce` sends them.
+fn keyed(messages: &[(i64, String)]) -> Vec<(String, String)> {
+    messages.iter().map(|(id, m)| (id.to_string(), m.clone())).collect()
+}
+
 fn produce(address: &str, topic: &str, messages: &[(String, String)]) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", address)
@@ -182,7 +187,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
 
     let messages = banana_messages();
     let (first, second) = messages.split_at(300);
-    let mut batch: Vec<(String, String)> = first.iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
+    let mut batch = keyed(first);
     let malformed = [
         "{not json",
         r#"{"id":9001,"x0":0.5}"#,
@@ -226,8 +231,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     assert_eq!(kinds.iter().filter(|k| **k == "label").count(), 1, "{dlq:?}");
 
     // A restart resumes after the checkpoint: only the new records are scored.
-    let batch: Vec<(String, String)> = second.iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
-    produce(&address, "in", &batch);
+    produce(&address, "in", &keyed(second));
     let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
@@ -283,12 +287,7 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     let address = broker.address();
     let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
     create_topic(&conn, "in", 2).unwrap();
-    let messages: Vec<(String, String)> = banana_messages()
-        .into_iter()
-        .take(200)
-        .map(|(id, m)| (id.to_string(), m))
-        .collect();
-    produce(&address, "in", &messages);
+    produce(&address, "in", &keyed(&banana_messages()[..200]));
     let checkpoints = tempfile::tempdir().unwrap();
     let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     // No --idle-exit: only the signal stops it.
@@ -322,11 +321,7 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     let address = broker.address();
     let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
     create_topic(&conn, "in", 2).unwrap();
-    let messages: Vec<(String, String)> = banana_messages()
-        .into_iter()
-        .take(300)
-        .map(|(id, m)| (id.to_string(), m))
-        .collect();
+    let messages = keyed(&banana_messages()[..300]);
     let (before, after) = messages.split_at(200);
     produce(&address, "in", before);
     let checkpoints = tempfile::tempdir().unwrap();

@@ -70,7 +70,8 @@ pub fn m_step_objective(
 
 /// `E_q[log t(u)]` (up to a constant) of a message `t(u) = exp(η₁ᵀu − ½uᵀη₂u)`
 /// whose sites under the posterior's `K` are `sites` (`l = Kη₁`, `Λ = Kη₂K`):
-/// with `q(u) = N(Kw, KR⁻¹K)`, `η₁ᵀμ − ½μᵀη₂μ − ½tr(η₂S) = lᵀw − ½wᵀΛw − ½tr(ΛR⁻¹)`.
+/// with `q(u) = N(Kw, KR⁻¹K)`, `η₁ᵀμ − ½μᵀη₂μ − ½tr(η₂S) = lᵀw − ½wᵀΛw − ½tr(ΛR⁻¹)`
+/// (both symmetric: the trace is their elementwise inner product).
 fn expected_log_message(post: &DualPosterior, sites: &[Sites]) -> f64 {
     let factors = post.factors();
     sites
@@ -78,7 +79,7 @@ fn expected_log_message(post: &DualPosterior, sites: &[Sites]) -> f64 {
         .enumerate()
         .map(|(c, t)| {
             let w = &factors.w[c];
-            t.l.dot(w) - 0.5 * w.dot(&(&t.lambda * w)) - 0.5 * t.lambda.component_mul(factors.r_inv(c)).sum()
+            t.l.dot(w) - 0.5 * w.dot(&(&t.lambda * w)) - 0.5 * t.lambda.dot(factors.r_inv(c))
         })
         .sum()
 }
