@@ -69,8 +69,9 @@ struct Outputs {
 
 /// Runs the stream from the newest checkpoint in `dir` (or from the start),
 /// one epoch in flight, checkpointing every update; with `abort_after`, the
-/// process aborts right after that epoch's checkpoint is on disk.
-fn run(dir: &std::path::Path, abort_after: Option<u64>) -> Outputs {
+/// process aborts right after that epoch's checkpoint is on disk; with
+/// `silent_from`, worker 1 reports no position from that epoch on.
+fn run(dir: &std::path::Path, abort_after: Option<u64>, silent_from: Option<u64>) -> Outputs {
     let store = CheckpointStore::new(dir, 3).unwrap();
     let resumed: Option<Checkpoint<u64>> = store.latest().unwrap();
     let outputs = Arc::new(Mutex::new(Outputs::default()));
@@ -109,7 +110,9 @@ fn run(dir: &std::path::Path, abort_after: Option<u64>) -> Outputs {
                     records.send(r.clone());
                 }
             }
-            positions.send((worker.index(), epoch + 1));
+            if worker.index() != 1 || silent_from.is_none_or(|e| epoch < e) {
+                positions.send((worker.index(), epoch + 1));
+            }
             records.advance_to(epoch + 1);
             positions.advance_to(epoch + 1);
             while probe.less_than(&(epoch + 1)) {
@@ -130,7 +133,7 @@ fn moments(p: &Predictive) -> (f64, f64) {
 
 #[test]
 fn a_run_aborted_after_an_epoch_resumes_from_its_checkpoint_as_if_never_stopped() {
-    let whole = run(tempfile::tempdir().unwrap().path(), None);
+    let whole = run(tempfile::tempdir().unwrap().path(), None, None);
 
     let dir = tempfile::tempdir().unwrap();
     let status = std::process::Command::new(std::env::current_exe().unwrap())
@@ -143,7 +146,7 @@ fn a_run_aborted_after_an_epoch_resumes_from_its_checkpoint_as_if_never_stopped(
     assert_eq!(latest.epoch, ABORT_AFTER);
     assert_eq!(latest.positions, vec![ABORT_AFTER + 1; WORKERS]);
 
-    let resumed = run(dir.path(), None);
+    let resumed = run(dir.path(), None, None);
     let mut applied: Vec<u64> = resumed.updates.iter().map(|u| u.epoch).collect();
     applied.sort_unstable();
     assert_eq!(
@@ -183,5 +186,17 @@ fn a_run_aborted_after_an_epoch_resumes_from_its_checkpoint_as_if_never_stopped(
 #[ignore = "the aborted first half of a_run_aborted_after_an_epoch_resumes_from_its_checkpoint_as_if_never_stopped"]
 fn aborting_run() {
     let dir = std::env::var("DUALGP_TEST_CHECKPOINTS").unwrap();
-    run(std::path::Path::new(&dir), Some(ABORT_AFTER));
+    run(std::path::Path::new(&dir), Some(ABORT_AFTER), None);
+}
+
+#[test]
+fn an_epoch_a_worker_did_not_report_gets_no_checkpoint() {
+    // As in `serve` when a worker cannot deliver its predictions: it reports
+    // no position for that epoch, and resuming after it would skip them.
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = run(dir.path(), None, Some(4));
+    assert_eq!(outputs.updates.len(), EPOCHS as usize, "every epoch is still learned");
+    let latest: Checkpoint<u64> = CheckpointStore::new(dir.path(), 3).unwrap().latest().unwrap().unwrap();
+    assert_eq!(latest.epoch, 3);
+    assert_eq!(latest.positions, vec![4; WORKERS]);
 }

@@ -4,14 +4,15 @@
 //! from if it has a label. Bad messages go to `IN.dlq` with the reason. The
 //! flags and messages are a contract (docs/EVALUATION.md): extend, never rename.
 //!
-//! Delivery: offsets are committed only once an epoch's predictions are
-//! delivered and (with `--checkpoint-dir`) its update is checkpointed; a
-//! restart resumes from the newest checkpoint, so no epoch is applied twice
-//! and no record is lost (records after the checkpoint are scored again).
+//! Delivery: an epoch's update is checkpointed (with `--checkpoint-dir`) only
+//! once every worker has delivered its predictions, and offsets are committed
+//! only once it is checkpointed; a restart resumes from the newest checkpoint,
+//! so no epoch is applied twice and no record is lost (records after the
+//! checkpoint are scored again).
 //! Inputs (and a regression target) are standardised with the first epoch's
 //! statistics, kept beside the checkpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -230,8 +231,9 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         let (predictions, dead) = (Rc::new(predictions), Rc::new(dead));
 
         let mut records = InputHandleVec::new();
-        let mut positions = InputHandleVec::new();
-        let probe = ProbeHandle::new();
+        let mut positions = DeliveredPositions::new(index);
+        // `delivery`: predictions and dead letters; `probe`: those and the updates.
+        let (delivery, probe) = (ProbeHandle::new(), ProbeHandle::new());
         let (s1, s2, s3) = (Arc::clone(&state), Arc::clone(&state), Arc::clone(&state));
         let (m1, m2, m3) = (Arc::clone(metrics), Arc::clone(metrics), Arc::clone(metrics));
         let (p1, d1, scale) = (Rc::clone(&predictions), Rc::clone(&dead), scaling.clone());
@@ -249,6 +251,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                         Err(e) => drop(s1.lock().unwrap().error.get_or_insert(e.to_string())),
                     }
                 })
+                .probe_with(&delivery)
                 .probe_with(&probe);
             gp.rejected
                 .inspect_core(move |event| {
@@ -259,6 +262,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                     }
                     m2.lock().unwrap().dead_letters += letters.len() as u64;
                 })
+                .probe_with(&delivery)
                 .probe_with(&probe);
             let updates = gp.updates.inspect(move |u| match &u.outcome {
                 Ok(_) => m3.lock().unwrap().updates += 1,
@@ -266,7 +270,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             });
             match store {
                 Some(store) => {
-                    let at = scope.input_from(&mut positions);
+                    let at = scope.input_from(positions.handle());
                     updates
                         .write_checkpoints(at, store)
                         .inspect(move |saved| {
@@ -286,15 +290,21 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             }
         });
 
-        // After each step: flush this worker's deliveries for finished epochs;
-        // worker 0 commits the offsets every worker has delivered (and checkpointed).
+        // After each step: flush this worker's deliveries for finished epochs
+        // and hand their positions to the checkpoint writer; worker 0 commits
+        // the offsets every worker has delivered (and checkpointed).
         let mut delivered = 0u64;
         let mut committed: Option<u64> = None;
-        let mut settle = |probe: &ProbeHandle<u64>, source: &KafkaSource, done_reading: bool| {
-            let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
+        let mut settle = |positions: &mut DeliveredPositions, source: &KafkaSource, done_reading: bool| {
+            let done = delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
             if done > delivered {
-                if let Err(e) = predictions.flush().and_then(|()| dead.flush()) {
-                    fail(e.to_string());
+                match predictions.flush().and_then(|()| dead.flush()) {
+                    Ok(()) => positions.release_before(done),
+                    // What failed to go out may be lost even if a later flush works.
+                    Err(e) => {
+                        positions.close();
+                        fail(e.to_string());
+                    }
                 }
                 delivered = done;
                 state.lock().unwrap().delivered[index] = done;
@@ -362,29 +372,31 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             }
             // A resumed source starts at its checkpoint's epoch, not at 0.
             records.advance_to(part.epoch);
-            positions.advance_to(part.epoch);
             for record in part.records {
                 records.send(scaling.record(record));
             }
             if checkpointing {
-                positions.send((index, part.position));
+                positions.read(part.epoch, part.position);
             }
             records.advance_to(part.epoch + 1);
-            positions.advance_to(part.epoch + 1);
             while probe.less_than(&(part.epoch + 1).saturating_sub(in_flight)) {
                 worker.step_or_park(Some(Duration::from_millis(50)));
-                settle(&probe, &source, false);
+                settle(&mut positions, &source, false);
             }
             worker.step();
-            settle(&probe, &source, false);
+            settle(&mut positions, &source, false);
         }
-        // Finish the epochs read: learn, deliver, checkpoint, commit.
+        // Finish the epochs read: learn and deliver, then checkpoint and commit.
         drop(records);
-        drop(positions);
-        while worker.step_or_park(Some(Duration::from_millis(50))) {
-            settle(&probe, &source, true);
+        while !delivery.done() {
+            worker.step_or_park(Some(Duration::from_millis(50)));
+            settle(&mut positions, &source, true);
         }
-        settle(&probe, &source, true);
+        positions.close();
+        while worker.step_or_park(Some(Duration::from_millis(50))) {
+            settle(&mut positions, &source, true);
+        }
+        settle(&mut positions, &source, true);
     })
     .map_err(|e| anyhow::anyhow!("cannot start {} workers: {e}", args.workers))?;
     let joined: Result<Vec<()>, String> = workers.join().into_iter().collect();
@@ -407,6 +419,52 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         last_checkpoint: s.checkpointed,
         committed_epoch: s.committed_epoch,
     })
+}
+
+/// One worker's source positions after each epoch it read, handed to the
+/// checkpoint writer only once the epoch's predictions and dead letters are
+/// delivered: a checkpoint never covers an epoch a restart would not score.
+struct DeliveredPositions {
+    handle: Option<InputHandleVec<u64, (usize, KafkaPosition)>>,
+    worker: usize,
+    read: VecDeque<(u64, KafkaPosition)>,
+}
+
+impl DeliveredPositions {
+    fn new(worker: usize) -> Self {
+        DeliveredPositions {
+            handle: Some(InputHandleVec::new()),
+            worker,
+            read: VecDeque::new(),
+        }
+    }
+
+    fn handle(&mut self) -> &mut InputHandleVec<u64, (usize, KafkaPosition)> {
+        self.handle.as_mut().expect("open until the end of the run")
+    }
+
+    fn read(&mut self, epoch: u64, position: KafkaPosition) {
+        self.read.push_back((epoch, position));
+    }
+
+    /// Sends the positions of every epoch before `delivered` and holds the
+    /// stream at the oldest epoch still undelivered.
+    fn release_before(&mut self, delivered: u64) {
+        let Some(handle) = self.handle.as_mut() else { return };
+        while let Some((epoch, position)) = self.read.pop_front_if(|(e, _)| *e < delivered) {
+            handle.advance_to(epoch);
+            handle.send((self.worker, position));
+        }
+        let hold = self.read.front().map_or(delivered, |(e, _)| *e);
+        if hold > *handle.time() {
+            handle.advance_to(hold);
+        }
+    }
+
+    /// Ends the stream; epochs not released by then get no checkpoint.
+    fn close(&mut self) {
+        self.handle = None;
+    }
 }
 
 /// The first epoch's worth of records (from the resume point), read without

@@ -138,7 +138,9 @@ fn io(path: &Path, source: std::io::Error) -> CheckpointError {
 pub trait WriteCheckpoints<'scope> {
     /// Saves a checkpoint for every model update once every worker has
     /// reported its source position for that epoch (`positions`: `(worker,
-    /// position)` at the epoch). Emits the saved epochs, or why saving failed.
+    /// position)` at the epoch). An epoch some worker never reported (its
+    /// stream closed first) gets none: resuming there would skip that
+    /// worker's records. Emits the saved epochs, or why saving failed.
     fn write_checkpoints<P>(
         self,
         positions: StreamVec<'scope, u64, (usize, P)>,
@@ -158,6 +160,7 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
         P: timely::ExchangeData + Clone + Serialize,
     {
         let to_first = Exchange::new(|_: &(usize, P)| 0);
+        let peers = self.scope().peers();
         self.binary_frontier(positions, Pipeline, to_first, "GpCheckpoint", move |_, _| {
             let mut updates: BTreeMap<u64, (timely::dataflow::operators::Capability<u64>, ModelUpdate)> =
                 BTreeMap::new();
@@ -186,6 +189,10 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
                     let (cap, update) = entry.remove();
                     let mut at = reported.remove(&epoch).unwrap_or_default();
                     at.sort_by_key(|p| p.0);
+                    at.dedup_by_key(|p| p.0);
+                    if at.len() < peers {
+                        continue;
+                    }
                     let checkpoint = Checkpoint {
                         version: CHECKPOINT_VERSION,
                         epoch,
