@@ -200,7 +200,8 @@ impl DataTerms {
     pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&[Sites]>) -> Objective {
         let m = post.m();
         let factors = post.factors();
-        let k = post.k_zz();
+        // Only the bound with every site held needs K itself.
+        let k = past.is_none().then(|| post.k_zz());
         let k_inv = factors.k_inv();
         let mut g_k = DMatrix::zeros(m, m);
         for c in 0..post.n_latent() {
@@ -222,7 +223,7 @@ impl DataTerms {
             // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz.
             g_k += k_inv * gram * k_inv - r_inv * gram * r_inv;
             // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
-            let r_inv_k = r_inv * &k;
+            let r_inv_k = r_inv * k.as_ref().expect("computed without a message");
             g_k += -r_inv + 0.5 * &r_inv_k * r_inv - 0.5 * w * w.transpose()
                 + (&r_inv_k * w) * w.transpose()
                 + 0.5 * k_inv;

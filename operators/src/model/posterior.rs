@@ -167,9 +167,12 @@ impl DualPosterior {
     /// Recomputes the Cholesky factors and `w` after the kernel, `Z` or the
     /// sites changed. Raises the jitter if `K` is numerically singular.
     pub fn refresh(&mut self) -> Result<()> {
-        let (chol_k, jitter) = cholesky_jittered(&self.kernel.matrix(&self.z, &self.z), self.jitter, "K(Z, Z)")?;
+        let mut k = self.kernel.matrix(&self.z, &self.z);
+        let (chol_k, jitter) = cholesky_jittered(&k, self.jitter, "K(Z, Z)")?;
         self.jitter = jitter;
-        let k = self.k_zz();
+        for i in 0..self.m() {
+            k[(i, i)] += jitter;
+        }
         let mut chol_r = Vec::with_capacity(self.sites.len());
         let mut w = Vec::with_capacity(self.sites.len());
         for sites in &self.sites {
