@@ -200,3 +200,16 @@ fn an_epoch_a_worker_did_not_report_gets_no_checkpoint() {
     assert_eq!(latest.epoch, 3);
     assert_eq!(latest.positions, vec![4; WORKERS]);
 }
+
+#[test]
+fn a_checkpoint_of_another_format_version_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::new(dir.path(), 2).unwrap();
+    let old = r#"{"version": 1, "epoch": 3, "learner": {}, "positions": []}"#;
+    std::fs::write(dir.path().join("checkpoint-00000000000000000003.json"), old).unwrap();
+    let err = store.latest::<u64>().unwrap_err().to_string();
+    assert!(
+        err.contains("format version 1") && err.contains("empty checkpoint directory"),
+        "{err}"
+    );
+}

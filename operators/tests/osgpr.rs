@@ -187,7 +187,7 @@ fn optimal_q(online: &Online, steps: usize) -> (DualPosterior, Vec<ExplicitQ>) {
     let n_latent = online.likelihood.n_latent();
     let mut post = DualPosterior::new(online.kernel.clone(), online.z.clone(), n_latent).unwrap();
     post.jitter = online.jitter;
-    post.sites = online.old_sites().unwrap();
+    post.whitened = online.old_sites().unwrap();
     post.refresh().unwrap();
     let mut sites = PointSites::zeros(online.data.n(), online.likelihood.n_latent());
     let config = EStepConfig { steps, rho: 1.0 };

@@ -2,7 +2,8 @@
 //!
 //! Each point `i` of a set `P` keeps its damped sites `(s1_i, s2_i)` per latent,
 //! and `P` contributes exactly `(Σ k_i s1_i, Σ s2_i k_i k_iᵀ)` to the totals
-//! `(l, Λ)`. One step recomputes `λ1_i = α̂_i + β̂_i μ_i` and `β̂_i` at the
+//! `(l, Λ)`, whitened `(Σ a_i s1_i, Σ s2_i a_i a_iᵀ)` with `a_i = L⁻¹k_i` as the
+//! posterior holds them. One step recomputes `λ1_i = α̂_i + β̂_i μ_i` and `β̂_i` at the
 //! current marginals, damps them with `ρ` and moves the totals by the change.
 
 use nalgebra::DMatrix;
@@ -63,19 +64,20 @@ impl PointSites {
         self.s1.nrows()
     }
 
-    /// The points' contribution `(K_zx s1_c, K_zx diag(s2_c) K_xz)` per latent.
-    pub fn totals(&self, kzx: &DMatrix<f64>) -> Vec<Sites> {
-        let m = kzx.nrows();
+    /// The points' contribution `(A s1_c, A diag(s2_c) Aᵀ)` per latent, given
+    /// their columns `A` (whitened, as the posterior holds its totals).
+    pub fn totals(&self, a: &DMatrix<f64>) -> Vec<Sites> {
+        let m = a.nrows();
         (0..self.s1.ncols())
             .map(|c| {
                 let mut lambda = DMatrix::zeros(m, m);
                 // A Gaussian likelihood's β̂ is constant: later steps leave Λ alone.
                 if self.s2.column(c).iter().any(|&v| v != 0.0) {
-                    add_weighted_gram(&mut lambda, kzx, self.s2.column(c).as_slice());
+                    add_weighted_gram(&mut lambda, a, self.s2.column(c).as_slice());
                     symmetrize(&mut lambda);
                 }
                 Sites {
-                    l: kzx * self.s1.column(c),
+                    l: a * self.s1.column(c),
                     lambda,
                 }
             })
@@ -136,10 +138,10 @@ pub fn e_step_at(
 ) -> Result<()> {
     for _ in 0..config.steps {
         let change = site_update(post, likelihood, data, cross, sites, config.rho);
-        for (totals, change) in post.sites.iter_mut().zip(&change) {
+        for (totals, change) in post.whitened.iter_mut().zip(&change) {
             totals.add(change, 1.0);
         }
-        post.refresh()?;
+        post.refresh_sites()?;
     }
     Ok(())
 }
@@ -155,7 +157,7 @@ pub fn site_update(
     sites: &mut PointSites,
     rho: f64,
 ) -> Vec<Sites> {
-    site_step(post, likelihood, data, cross, sites, rho).totals(&cross.kzx)
+    site_step(post, likelihood, data, cross, sites, rho).totals(&cross.a)
 }
 
 /// One damped update of every point's sites; returns the changes.

@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 use super::data::Data;
 use super::estep::{PointSites, BETA_MIN};
 use super::likelihood::{Expectation, Likelihood};
-use super::linalg::symmetrize;
 use super::posterior::{DualPosterior, Sites};
 use super::shard::{splitmix64, PointId};
 
@@ -42,19 +41,16 @@ pub struct MemoryPoint {
     pub key: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
+    /// In id order.
     pub points: Vec<MemoryPoint>,
-    /// `(l_M, Λ_M)`: the part of the posterior's totals that the memory contributes.
-    pub totals: Vec<Sites>,
 }
 
 impl Memory {
-    pub fn new(m: usize, n_latent: usize) -> Self {
-        Memory {
-            points: Vec::new(),
-            totals: vec![Sites::zeros(m); n_latent],
-        }
+    /// The memory of `points` (in id order).
+    pub fn of(points: Vec<MemoryPoint>) -> Self {
+        Memory { points }
     }
 
     pub fn len(&self) -> usize {
@@ -72,39 +68,31 @@ impl Memory {
         Data::new(x, y).expect("remembered points were validated when they arrived")
     }
 
-    /// The memory of `points` (in id order), their contributions summed.
-    pub fn from_points(points: Vec<MemoryPoint>, m: usize, n_latent: usize) -> Self {
-        let mut memory = Memory::new(m, n_latent);
-        if !points.is_empty() {
-            let columns = DMatrix::from_columns(&points.iter().map(|p| p.column.clone()).collect::<Vec<_>>());
-            let row =
-                |f: fn(&MemoryPoint) -> &Vec<f64>| DMatrix::from_fn(points.len(), n_latent, |i, c| f(&points[i])[c]);
-            let sites = PointSites {
-                s1: row(|p| &p.s1),
-                s2: row(|p| &p.s2),
-            };
-            memory.totals = sites.totals(&columns);
+    /// The part of `post`'s totals that the memory contributes, whitened by
+    /// `post`'s `K`: each point's column whitened on its own (summed first,
+    /// `K`'s condition number would enter the sum's rounding).
+    pub fn whitened_totals(&self, post: &DualPosterior) -> Vec<Sites> {
+        if self.is_empty() {
+            return vec![Sites::zeros(post.m()); post.n_latent()];
         }
-        memory.points = points;
-        memory
+        let columns = DMatrix::from_columns(&self.points.iter().map(|p| p.column.clone()).collect::<Vec<_>>());
+        let row = |f: fn(&MemoryPoint) -> &Vec<f64>| {
+            DMatrix::from_fn(self.len(), post.n_latent(), |i, c| f(&self.points[i])[c])
+        };
+        let sites = PointSites {
+            s1: row(|p| &p.s1),
+            s2: row(|p| &p.s2),
+        };
+        sites.totals(&post.whiten(&columns))
     }
 
-    /// Re-expresses every contribution in new inducing inputs: `k ← Pᵀ k`.
+    /// Re-expresses every contribution in new inducing inputs: `k ← Pᵀ k`
+    /// (paper Eq. 27).
     pub fn project(&mut self, p: &DMatrix<f64>) {
         for point in &mut self.points {
             point.column = p.tr_mul(&point.column);
         }
-        for totals in &mut self.totals {
-            project_sites(totals, p);
-        }
     }
-}
-
-/// `l ← Pᵀ l`, `Λ ← Pᵀ Λ P` (paper Eq. 27).
-pub fn project_sites(sites: &mut Sites, p: &DMatrix<f64>) {
-    sites.l = p.tr_mul(&sites.l);
-    sites.lambda = p.tr_mul(&(&sites.lambda * p));
-    symmetrize(&mut sites.lambda);
 }
 
 /// The Bayesian leverage score of every record, `h_i = Σ_c β̂_ic v_ic` at the

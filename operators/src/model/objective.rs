@@ -69,17 +69,20 @@ pub fn m_step_objective(
 }
 
 /// `E_q[log t(u)]` (up to a constant) of a message `t(u) = exp(η₁ᵀu − ½uᵀη₂u)`
-/// whose sites under the posterior's `K` are `sites` (`l = Kη₁`, `Λ = Kη₂K`):
-/// with `q(u) = N(Kw, KR⁻¹K)`, `η₁ᵀμ − ½μᵀη₂μ − ½tr(η₂S) = lᵀw − ½wᵀΛw − ½tr(ΛR⁻¹)`
-/// (both symmetric: the trace is their elementwise inner product).
-fn expected_log_message(post: &DualPosterior, sites: &[Sites]) -> f64 {
+/// whose sites under the posterior's `K` are `whitened` (`h = L⁻¹Kη₁`,
+/// `P = L⁻¹Kη₂KL⁻ᵀ`): with `q(v) = N(m_v, D⁻¹)` in `v = L⁻¹u`,
+/// `hᵀm_v − ½m_vᵀPm_v − ½tr(PD⁻¹)`.
+fn expected_log_message(post: &DualPosterior, whitened: &[Sites]) -> f64 {
     let factors = post.factors();
-    sites
+    whitened
         .iter()
         .enumerate()
         .map(|(c, t)| {
-            let w = &factors.w[c];
-            t.l.dot(w) - 0.5 * w.dot(&(&t.lambda * w)) - 0.5 * t.lambda.dot(factors.r_inv(c))
+            let m_v = &factors.m_v[c];
+            let half = factors.d_inv_half(c);
+            // tr(PD⁻¹) = tr(L_D⁻¹ P L_D⁻ᵀ)
+            let trace = (&half * &t.lambda).component_mul(&half).sum();
+            t.l.dot(m_v) - 0.5 * m_v.dot(&(&t.lambda * m_v)) - 0.5 * trace
         })
         .sum()
 }
@@ -192,8 +195,8 @@ impl DataTerms {
     /// the chain rule through `K = K(Z, Z) + εI`.
     ///
     /// Without `past`, every site is held as `θ` moves (t-SVGP's dual M-step
-    /// bound). With `past`, the part of the totals that is past data's message
-    /// `t(u)` (see [`PastMessage`](super::past::PastMessage)), `q(u)` is held
+    /// bound). With `past`, the part of the (whitened) totals that is past
+    /// data's message `t(u)` (see [`PastMessage`](super::past::PastMessage)), `q(u)` is held
     /// instead and `F` gains `E_q[log t(u)]`: at the `q` that is optimal for `F`
     /// (the sites re-learned and `t` held in u-space), this is the gradient of
     /// the collapsed bound.

@@ -149,25 +149,10 @@ pub struct OldTerm {
 }
 
 impl OldTerm {
-    /// Freezes a posterior (its kernel is `θ_old`) as the next batch's old term.
-    /// Whitening its dual sites loses digits when `K'` is ill-conditioned;
-    /// the learner keeps the whitened sites and uses [`OldTerm::from_whitened`].
+    /// Freezes a posterior (its kernel is `θ_old`, its sites whitened by
+    /// `chol(K(a, a))`) as the next batch's old term.
     pub fn new(post: &DualPosterior) -> Result<Self> {
-        let chol_k = chol_k_zz(post)?;
-        let whitened = post.sites.iter().map(|s| whiten(&chol_k, s)).collect();
-        OldTerm::build(post, chol_k, whitened)
-    }
-
-    /// The old term from a posterior and its sites whitened by `chol(K(a, a))`.
-    pub fn from_whitened(post: &DualPosterior, whitened: Vec<Sites>) -> Result<Self> {
-        if whitened.len() != post.n_latent() || whitened.iter().any(|w| w.l.len() != post.m()) {
-            return Err(ModelError::Dimension {
-                what: "whitened sites".into(),
-                expected: post.m(),
-                got: whitened.first().map_or(0, |w| w.l.len()),
-            });
-        }
-        OldTerm::build(post, chol_k_zz(post)?, whitened)
+        OldTerm::build(post, post.factors().chol_k.clone(), post.whitened.clone())
     }
 
     fn build(post: &DualPosterior, chol_k: Cholesky<f64, Dyn>, whitened: Vec<Sites>) -> Result<Self> {
@@ -213,30 +198,6 @@ impl OldTerm {
         let (l, d) = (self.chol_k.l(), &self.chol_d[c]);
         (&l * d.solve(&self.whitened[c].l), &l * d.solve(&l.transpose()))
     }
-}
-
-fn chol_k_zz(post: &DualPosterior) -> Result<Cholesky<f64, Dyn>> {
-    Cholesky::new(post.k_zz()).ok_or_else(|| cholesky_error("old K(a, a)", post.jitter))
-}
-
-/// `(L⁻¹l, L⁻¹ΛL⁻ᵀ)`: dual sites over `Z` whitened by `L = chol(K)`.
-fn whiten(chol: &Cholesky<f64, Dyn>, sites: &Sites) -> Sites {
-    let mut l = sites.l.clone();
-    let mut half = sites.lambda.clone();
-    solve_lower_in_place_vec(chol, &mut l);
-    solve_lower_in_place(chol, &mut half);
-    let mut lambda = half.transpose();
-    solve_lower_in_place(chol, &mut lambda);
-    symmetrize(&mut lambda);
-    Sites { l, lambda }
-}
-
-/// `(L h, L P Lᵀ)`: the inverse of [`whiten`].
-fn unwhiten(chol: &Cholesky<f64, Dyn>, w: &Sites) -> Sites {
-    let l = chol.l();
-    let mut lambda = &l * &w.lambda * l.transpose();
-    symmetrize(&mut lambda);
-    Sites { l: &l * &w.l, lambda }
 }
 
 fn solve_lower_in_place_vec(chol: &Cholesky<f64, Dyn>, v: &mut DVector<f64>) {
@@ -505,10 +466,11 @@ impl<'a> Online<'a> {
         }
     }
 
-    /// The old term as dual sites over `b` (zero without an old term).
+    /// The old term as dual sites over `b`, whitened by `chol(K(b, b))`
+    /// (zero without an old term).
     pub fn old_sites(&self) -> Result<Vec<Sites>> {
         let g = self.geometry()?;
-        Ok(self.old_part(&g, |o| &o.sites))
+        Ok(self.old_part(&g, |o| &o.whitened))
     }
 
     fn old_part(&self, g: &Geometry, part: impl Fn(&OldGeometry) -> &Vec<Sites>) -> Vec<Sites> {
@@ -520,14 +482,10 @@ impl<'a> Online<'a> {
 
     /// The dual posterior over `b` with these whitened sites.
     pub fn posterior(&self, whitened: &[Sites]) -> Result<DualPosterior> {
-        let g = self.geometry()?;
-        self.posterior_at(&g, whitened)
-    }
-
-    fn posterior_at(&self, g: &Geometry, whitened: &[Sites]) -> Result<DualPosterior> {
+        self.check()?;
         let mut post = DualPosterior::new(self.kernel.clone(), self.z.clone(), self.likelihood.n_latent())?;
         post.jitter = self.jitter;
-        post.sites = whitened.iter().map(|w| unwhiten(&g.chol, w)).collect();
+        post.whitened = whitened.to_vec();
         post.refresh()?;
         Ok(post)
     }
@@ -810,9 +768,10 @@ impl<'a> Online<'a> {
             s.l += &warm.l;
             s.lambda += &warm.lambda;
         }
-        let mut post = self.posterior_at(&g, &start)?;
+        let mut post = self.posterior(&start)?;
         let cross = Cross {
             kzx: g.kbf.clone(),
+            a: g.a.clone(),
             residual_var: g.residual.clone(),
         };
         let step = EStepConfig { steps: 1, rho };
@@ -916,8 +875,6 @@ pub struct OsgprLearner {
     kernel: Kernel,
     /// The prior over given inducing inputs before the first batch, then `q` after each.
     posterior: Option<DualPosterior>,
-    /// `q`'s sites whitened by `chol(K(Z, Z))`: what the next old term is made of.
-    whitened: Vec<Sites>,
     pub n_seen: u64,
     pub batches: u64,
 }
@@ -930,7 +887,6 @@ impl OsgprLearner {
             likelihood,
             kernel,
             posterior: None,
-            whitened: Vec::new(),
             n_seen: 0,
             batches: 0,
         })
@@ -1000,7 +956,7 @@ impl OsgprLearner {
         self.kernel().validate(d)?;
         let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ self.batches.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let old = match &self.posterior {
-            Some(post) if self.batches > 0 => Some(OldTerm::from_whitened(post, self.whitened.clone())?),
+            Some(post) if self.batches > 0 => Some(OldTerm::new(post)?),
             _ => None,
         };
         let (z, moved_inducing) = self.choose_inducing(batch, &mut rng);
@@ -1017,11 +973,10 @@ impl OsgprLearner {
             sites: PointSites::zeros(batch.n(), self.likelihood.n_latent()),
         };
         let evaluations = fit.optimise(old.as_ref(), batch, &self.config)?;
-        let (posterior, whitened, bound) = fit.finish(old.as_ref(), batch, &self.config)?;
+        let (posterior, bound) = fit.finish(old.as_ref(), batch, &self.config)?;
 
         self.likelihood = fit.likelihood;
         self.posterior = Some(posterior);
-        self.whitened = whitened;
         self.n_seen += batch.n() as u64;
         self.batches += 1;
         Ok(OsgprReport {
@@ -1172,15 +1127,9 @@ impl Fit {
         Ok(evaluations)
     }
 
-    /// The posterior over `b` at the fitted `θ`, its whitened sites, and the bound there.
-    fn finish(
-        &mut self,
-        old: Option<&OldTerm>,
-        data: &Data,
-        config: &OsgprConfig,
-    ) -> Result<(DualPosterior, Vec<Sites>, f64)> {
+    /// The posterior over `b` at the fitted `θ` and the bound there.
+    fn finish(&mut self, old: Option<&OldTerm>, data: &Data, config: &OsgprConfig) -> Result<(DualPosterior, f64)> {
         let (bound, whitened) = self.profile(old, data, config)?;
-        let post = self.online(old, data).posterior(&whitened)?;
-        Ok((post, whitened, bound.value))
+        Ok((self.online(old, data).posterior(&whitened)?, bound.value))
     }
 }

@@ -5,62 +5,47 @@
 //! what past data said about `θ` in the objective instead of leaving that to
 //! the memory alone.
 
-use nalgebra::{DMatrix, DVector};
+use nalgebra::DMatrix;
 
 use super::linalg::symmetrize;
-use super::posterior::{DualPosterior, Sites};
-
-const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
+use super::posterior::{keeping_message, DualPosterior, Sites};
 
 /// Kept whitened by the Cholesky factor `L₀` of the `K₀` it was formed under
-/// (`η̃₁ = L₀ᵀη₁`, `η̃₂ = L₀ᵀη₂L₀`): re-expressing it under another `K` then
-/// goes through `L₀⁻¹K` once rather than through `K₀⁻¹` twice, which would
-/// square `K₀`'s condition number into the sites.
+/// (`η̃₁ = L₀ᵀη₁ = L₀⁻¹l`, `η̃₂ = L₀ᵀη₂L₀ = L₀⁻¹ΛL₀⁻ᵀ`: the posterior's own
+/// whitened sites at that moment).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PastMessage {
     l0: DMatrix<f64>,
-    eta1: Vec<DVector<f64>>,
-    eta2: Vec<DMatrix<f64>>,
+    eta: Vec<Sites>,
 }
 
 impl PastMessage {
-    /// The message of `sites` (site totals under `post`'s kernel and `Z`):
-    /// `η̃₁ = L₀⁻¹l`, `η̃₂ = L₀⁻¹ΛL₀⁻ᵀ`, with `η̃₂`'s negative eigenvalues
-    /// set to zero (see [`without_negative_curvature`]).
-    pub fn of(post: &DualPosterior, sites: &[Sites]) -> Self {
-        let l0 = post.factors().chol_k.l();
-        let whiten = |a: &DMatrix<f64>| l0.solve_lower_triangular(a).expect(POSITIVE_DIAGONAL);
+    /// The message of `whitened` (site totals whitened under `post`'s
+    /// kernel and `Z`), with `η̃₂`'s negative eigenvalues set to zero (see
+    /// [`without_negative_curvature`]).
+    pub fn of(post: &DualPosterior, whitened: &[Sites]) -> Self {
         PastMessage {
-            eta1: sites
+            l0: post.factors().chol_k.l(),
+            eta: whitened
                 .iter()
-                .map(|s| l0.solve_lower_triangular(&s.l).expect(POSITIVE_DIAGONAL))
-                .collect(),
-            eta2: sites
-                .iter()
-                .map(|s| {
-                    let mut eta2 = whiten(&whiten(&s.lambda).transpose());
-                    symmetrize(&mut eta2);
-                    without_negative_curvature(eta2)
+                .map(|s| Sites {
+                    l: s.l.clone(),
+                    lambda: without_negative_curvature(s.lambda.clone()),
                 })
                 .collect(),
-            l0,
         }
     }
 
-    /// Its site totals under `post`'s current kernel: `l = Kη₁ = Gᵀη̃₁`,
-    /// `Λ = Kη₂K = Gᵀη̃₂G` with `G = L₀⁻¹K`.
-    pub fn sites(&self, post: &DualPosterior) -> Vec<Sites> {
-        let g = self.l0.solve_lower_triangular(&post.k_zz()).expect(POSITIVE_DIAGONAL);
-        self.eta1
+    /// Its site totals under `post`'s current kernel, whitened: `(Tη̃₁, Tη̃₂Tᵀ)`
+    /// with `T = Lᵀ L₀⁻ᵀ` ([`keeping_message`] over the same `Z`).
+    pub fn whitened(&self, post: &DualPosterior) -> Vec<Sites> {
+        let t = keeping_message(&self.l0, &post.k_zz(), &post.factors().chol_k);
+        self.eta
             .iter()
-            .zip(&self.eta2)
-            .map(|(eta1, eta2)| {
-                let mut lambda = g.tr_mul(&(eta2 * &g));
-                symmetrize(&mut lambda);
-                Sites {
-                    l: g.tr_mul(eta1),
-                    lambda,
-                }
+            .map(|eta| {
+                let mut sites = eta.clone();
+                sites.transform(&t);
+                sites
             })
             .collect()
     }
@@ -84,6 +69,8 @@ fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nalgebra::DVector;
+
     use crate::model::{Family, Kernel};
 
     fn posterior() -> DualPosterior {
@@ -106,31 +93,52 @@ mod tests {
     #[test]
     fn under_the_kernel_it_was_formed_under_a_message_gives_back_its_sites() {
         let post = posterior();
-        let k = post.k_zz();
         let a = DMatrix::from_fn(6, 9, |i, j| ((i + 2 * j) as f64).cos());
-        let given = sites(&k * &a * a.transpose() * &k);
-        let back = &PastMessage::of(&post, std::slice::from_ref(&given)).sites(&post)[0];
-        let scale = given.lambda.amax();
-        assert!(max_abs_diff(&back.lambda, &given.lambda) < 1e-10 * scale);
+        let given = sites(&a * a.transpose());
+        let back = &PastMessage::of(&post, std::slice::from_ref(&given)).whitened(&post)[0];
+        assert!(max_abs_diff(&back.lambda, &given.lambda) < 1e-10 * given.lambda.amax());
         assert!((&back.l - &given.l).amax() < 1e-10 * given.l.amax());
+    }
+
+    #[test]
+    fn under_another_kernel_a_message_says_the_same_about_u() {
+        let mut post = posterior();
+        let a = DMatrix::from_fn(6, 4, |i, j| ((i + 3 * j) as f64 * 0.7).sin());
+        let given = sites(&a * a.transpose());
+        let l0 = post.factors().chol_k.l();
+        // u-space natural parameters: η₁ = L₀⁻ᵀh, η₂ = L₀⁻ᵀPL₀⁻¹.
+        let l0_inv = l0.clone().try_inverse().unwrap();
+        let eta1 = l0_inv.transpose() * &given.l;
+        let eta2 = l0_inv.transpose() * &given.lambda * &l0_inv;
+        let message = PastMessage::of(&post, std::slice::from_ref(&given));
+
+        post.kernel = Kernel::stationary(Family::Matern52, 2.1, vec![0.5, 1.6]);
+        post.refresh().unwrap();
+        let back = &message.whitened(&post)[0];
+        // Its totals under K are (Kη₁, Kη₂K): whitened, (L⁻¹Kη₁, L⁻¹Kη₂KL⁻ᵀ).
+        let k = post.k_zz();
+        let l_inv = post.factors().chol_k.l().try_inverse().unwrap();
+        let want_l = &l_inv * &k * &eta1;
+        let want_lambda = &l_inv * &k * &eta2 * &k * l_inv.transpose();
+        assert!((&back.l - &want_l).amax() < 1e-9 * want_l.amax());
+        assert!(max_abs_diff(&back.lambda, &want_lambda) < 1e-9 * want_lambda.amax());
     }
 
     #[test]
     fn a_message_drops_the_negative_curvature_its_sites_had() {
         let mut post = posterior();
-        let k = post.k_zz();
         let a = DMatrix::from_fn(6, 3, |i, j| ((i * j) as f64 * 0.3 + 0.2).sin());
         let v = DVector::from_fn(6, |i, _| if i % 2 == 0 { 1.0 } else { -1.0 });
-        let psd = &k * &a * a.transpose() * &k;
-        let given = sites(&psd - 0.05 * &v * v.transpose());
+        let given = sites(&a * a.transpose() - 0.05 * &v * v.transpose());
         let min_eigenvalue = |m: &DMatrix<f64>| m.clone().symmetric_eigenvalues().min();
         assert!(min_eigenvalue(&given.lambda) < -1e-3, "the test needs indefinite sites");
 
         let message = PastMessage::of(&post, std::slice::from_ref(&given));
-        // At the kernel it was formed under and at another, K + Λ stays positive definite.
+        // At the kernel it was formed under and at another, I + P stays positive definite.
         for variance in [1.3, 2.0] {
             post.kernel = Kernel::stationary(Family::Matern52, variance, vec![0.7, 1.1]);
-            let lambda = &message.sites(&post)[0].lambda;
+            post.refresh().unwrap();
+            let lambda = &message.whitened(&post)[0].lambda;
             assert!(min_eigenvalue(lambda) > -1e-12 * lambda.amax(), "variance {variance}");
         }
     }

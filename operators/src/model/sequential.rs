@@ -18,11 +18,11 @@ use super::estep::EStepConfig;
 use super::inducing::{pivoted_cholesky, select_inducing};
 use super::kernel::Kernel;
 use super::likelihood::{Likelihood, Predictive};
-use super::memory::{project_sites, top_k, Memory, MemoryPolicy};
+use super::memory::{top_k, Memory, MemoryPolicy};
 use super::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
 use super::optim::{Adam, Lbfgs, Optimizer};
 use super::past::PastMessage;
-use super::posterior::{DualPosterior, Sites};
+use super::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
 use super::predict::{evaluate, predict, Metrics};
 use super::shard::{Answer, Partition, PointId, Query, Shard};
 use super::snapshot::Snapshot;
@@ -175,13 +175,12 @@ impl SequentialLearner {
             Optimizer::Adam { lr } => lr,
             Optimizer::Lbfgs { .. } => 0.0,
         });
-        let memory = Memory::new(0, likelihood.n_latent());
         Ok(SequentialLearner {
             config,
             likelihood,
             kernel,
             posterior: None,
-            memory,
+            memory: Memory::default(),
             adam,
             n_seen: 0,
             batches: 0,
@@ -210,7 +209,7 @@ impl SequentialLearner {
 
     fn init(&mut self, z: DMatrix<f64>) -> Result<()> {
         let post = DualPosterior::new(self.kernel.clone(), z, self.likelihood.n_latent())?;
-        self.memory = Memory::new(post.m(), post.n_latent());
+        self.memory = Memory::default();
         self.posterior = Some(post);
         Ok(())
     }
@@ -355,14 +354,8 @@ impl SequentialLearner {
         if chosen.iter().copied().eq(0..m) {
             return Ok(false);
         }
-        let z_new = candidates.select_rows(&chosen);
-        let p = projection(post, &z_new);
-        for sites in &mut post.sites {
-            project_sites(sites, &p);
-        }
+        let p = post.move_inducing(candidates.select_rows(&chosen))?;
         self.memory.project(&p);
-        post.z = z_new;
-        post.refresh()?;
         Ok(true)
     }
 
@@ -370,10 +363,11 @@ impl SequentialLearner {
     /// the E-step over the batch and the memory together from zero sites.
     async fn learn_with_memory(&mut self, shards: &mut impl Shards) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        for (totals, mem) in post.sites.iter_mut().zip(&self.memory.totals) {
+        let memory = self.memory.whitened_totals(post);
+        for (totals, mem) in post.whitened.iter_mut().zip(&memory) {
             totals.add(mem, -1.0);
         }
-        post.refresh()?;
+        post.refresh_sites()?;
         let begin = Query::Begin {
             model: self.current(),
             memory: self.memory.points.clone(),
@@ -409,26 +403,30 @@ impl SequentialLearner {
 
     fn add_to_totals(&mut self, change: &[Sites]) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        for (totals, change) in post.sites.iter_mut().zip(change) {
+        for (totals, change) in post.whitened.iter_mut().zip(change) {
             totals.add(change, 1.0);
         }
-        post.refresh()
+        post.refresh_sites()
     }
 
     /// After `θ` moved: data no longer at hand keeps what it said about the
     /// inducing values `u = f(Z)` (its likelihood in u-space, natural
-    /// parameters `K⁻¹l`, `K⁻¹ΛK⁻¹`) rather than its sites, i.e. its part of
-    /// the totals is projected with `P = K_before⁻¹ K_now`.
+    /// parameters `K⁻¹l`, `K⁻¹ΛK⁻¹`) rather than its sites: the M-step kept
+    /// its totals from `before`; that is undone and its message kept instead.
     async fn reexpress_old_data(&mut self, shards: &mut impl Shards, before: &DualPosterior) -> Result<()> {
-        let here = self.totals(shards, Query::Contribution).await?;
+        let here = self
+            .totals(shards, Query::Contribution { model: self.current() })
+            .await?;
         let post = self.posterior.as_mut().expect("initialised");
-        let p = before.factors().chol_k.solve(&post.k_zz());
-        for (totals, here) in post.sites.iter_mut().zip(&here) {
+        let (chol_before, chol_now) = (&before.factors().chol_k, &post.factors().chol_k);
+        let undo = keeping_totals(&chol_now.l(), chol_before);
+        let t = keeping_message(&chol_before.l(), &post.k_zz(), chol_now) * undo;
+        for (totals, here) in post.whitened.iter_mut().zip(&here) {
             totals.add(here, -1.0);
-            project_sites(totals, &p);
+            totals.transform(&t);
             totals.add(here, 1.0);
         }
-        post.refresh()
+        post.refresh_sites()
     }
 
     /// Between M-step rounds: re-expresses the batch's and the memory's sites
@@ -485,9 +483,11 @@ impl SequentialLearner {
 
     /// Past data's message: the totals but for the batch's and memory's contribution.
     async fn past(&mut self, shards: &mut impl Shards) -> Result<Past> {
-        let here = self.totals(shards, Query::Contribution).await?;
+        let here = self
+            .totals(shards, Query::Contribution { model: self.current() })
+            .await?;
         let post = self.require()?;
-        let mut sites = post.sites.clone();
+        let mut sites = post.whitened.clone();
         for (sites, here) in sites.iter_mut().zip(&here) {
             sites.add(here, -1.0);
         }
@@ -525,19 +525,23 @@ impl SequentialLearner {
         Ok((objective.value, objective.grad))
     }
 
-    /// Sets `θ`; past data's sites follow so that its message stays put.
+    /// Sets `θ` with the site totals held; past data's part follows its
+    /// message instead, which stays put in u-space.
     fn set_hyperparameters(&mut self, theta: &DVector<f64>, past: Option<&mut Past>) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        set_hyperparameters(&mut post.kernel, &mut self.likelihood, theta);
+        let likelihood = &mut self.likelihood;
+        let t = post.change_holding_totals(|kernel, _| set_hyperparameters(kernel, likelihood, theta))?;
         if let Some(past) = past {
-            let sites = past.message.sites(post);
-            for ((totals, new), old) in post.sites.iter_mut().zip(&sites).zip(&past.sites) {
+            let sites = past.message.whitened(post);
+            for ((totals, new), old) in post.whitened.iter_mut().zip(&sites).zip(&mut past.sites) {
+                old.transform(&t);
                 totals.add(new, 1.0);
                 totals.add(old, -1.0);
             }
             past.sites = sites;
+            post.refresh_sites()?;
         }
-        post.refresh()
+        Ok(())
     }
 
     /// Step 5: new memory points by their reservoir keys (BLS-weighted at the
@@ -592,15 +596,13 @@ impl SequentialLearner {
             other => return Err(unexpected("memory points", &other)),
         };
         let members: HashSet<PointId> = keep.into_iter().chain(stay).collect();
-        let points = points.into_iter().filter(|p| members.contains(&p.id)).collect();
-        let post = self.require()?;
-        self.memory = Memory::from_points(points, post.m(), post.n_latent());
+        self.memory = Memory::of(points.into_iter().filter(|p| members.contains(&p.id)).collect());
         Ok(())
     }
 }
 
-/// Past data's message during an M-step, and the sites it has in the totals
-/// under the current `θ`.
+/// Past data's message during an M-step, and the (whitened) sites it has in
+/// the totals under the current `θ`.
 struct Past {
     message: PastMessage,
     sites: Vec<Sites>,
@@ -624,19 +626,4 @@ fn unexpected(wanted: &str, got: &Answer) -> ModelError {
     let kind = format!("{got:?}");
     let kind = kind.split(['(', ' ', '{']).next().unwrap_or("?").to_string();
     ModelError::Config(format!("the shards answered {kind} where {wanted} were asked for"))
-}
-
-/// `P = K(Z_old, Z_old)⁻¹ K(Z_old, Z_new)`: re-expresses sites over `Z_old` over `Z_new`.
-/// An inducing input kept in place is the same inducing variable, jitter
-/// included, so that a kept point projects onto itself exactly.
-pub fn projection(post: &DualPosterior, z_new: &DMatrix<f64>) -> DMatrix<f64> {
-    let mut cross = post.kernel.matrix(&post.z, z_new);
-    for i in 0..post.m() {
-        for j in 0..z_new.nrows() {
-            if post.z.row(i) == z_new.row(j) {
-                cross[(i, j)] += post.jitter;
-            }
-        }
-    }
-    post.factors().chol_k.solve(&cross)
 }

@@ -11,6 +11,7 @@
 //! optimiser's line searches take the same branches, and results agree
 //! exactly rather than up to amplified rounding.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use nalgebra::{DMatrix, DVector};
@@ -78,8 +79,9 @@ pub enum Query {
     EStep { model: Snapshot, rho: f64 },
     /// The data terms of the M-step objective, memory terms weighted.
     Gradient { model: Snapshot, memory_weight: f64 },
-    /// The points' contribution to the totals, with the columns their sites were added with.
-    Contribution,
+    /// The points' contribution to the totals, with the columns their sites
+    /// were added with, whitened under `model`.
+    Contribution { model: Snapshot },
     /// Kernel columns under `model` replace the old ones: the change of the contribution.
     Recolumn { model: Snapshot },
     /// Reservoir keys of the batch's records, by BLS or uniform.
@@ -247,10 +249,11 @@ impl Query {
             Query::Begin { model, .. }
             | Query::EStep { model, .. }
             | Query::Gradient { model, .. }
+            | Query::Contribution { model }
             | Query::Recolumn { model }
             | Query::Keys { model, .. }
             | Query::Finish { model, .. } => Some(model),
-            Query::Arrivals | Query::Contribution => None,
+            Query::Arrivals => None,
         }
     }
 }
@@ -297,6 +300,15 @@ impl Columns {
     fn are_under(&self, post: &DualPosterior) -> bool {
         self.kernel == post.kernel && self.z == post.z && self.jitter == post.jitter
     }
+
+    /// The columns whitened by `post`'s `K`, which may have moved since.
+    fn whitened(&self, post: &DualPosterior) -> Cow<'_, DMatrix<f64>> {
+        if self.are_under(post) {
+            Cow::Borrowed(&self.cross.a)
+        } else {
+            Cow::Owned(post.whiten(&self.cross.kzx))
+        }
+    }
 }
 
 impl Block {
@@ -327,14 +339,17 @@ impl Block {
             Query::Arrivals => self.arrivals(),
             Query::Begin { model, .. } => self.begin(model),
             Query::EStep { model, rho } => match (&self.points, &self.columns) {
-                (Some(points), Some(columns)) => totals(site_update(
-                    &model.posterior,
-                    &model.likelihood,
-                    points,
-                    &columns.cross,
-                    &mut self.sites,
-                    *rho,
-                )),
+                (Some(points), Some(columns)) => {
+                    debug_assert!(columns.are_under(&model.posterior), "E-steps follow Begin or Recolumn");
+                    totals(site_update(
+                        &model.posterior,
+                        &model.likelihood,
+                        points,
+                        &columns.cross,
+                        &mut self.sites,
+                        *rho,
+                    ))
+                }
                 _ => Answer::Nothing,
             },
             Query::Gradient { model, memory_weight } => match &self.points {
@@ -357,15 +372,18 @@ impl Block {
                 }
                 None => Answer::Nothing,
             },
-            Query::Contribution => match &self.columns {
-                Some(columns) => totals(self.sites.totals(&columns.cross.kzx)),
+            Query::Contribution { model } => match &self.columns {
+                Some(columns) => totals(self.sites.totals(&columns.whitened(&model.posterior))),
                 None => Answer::Nothing,
             },
             Query::Recolumn { model } => match (&self.points, &mut self.columns) {
                 (Some(points), Some(columns)) => {
                     let new = Columns::under(&model.posterior, points.x());
-                    let mut change = self.sites.totals(&new.cross.kzx);
-                    for (c, old) in change.iter_mut().zip(self.sites.totals(&columns.cross.kzx)) {
+                    let mut change = self.sites.totals(&new.cross.a);
+                    for (c, old) in change
+                        .iter_mut()
+                        .zip(self.sites.totals(&columns.whitened(&model.posterior)))
+                    {
                         c.add(&old, -1.0);
                     }
                     *columns = new;

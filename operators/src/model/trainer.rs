@@ -115,9 +115,10 @@ impl OfflineModel {
     /// Sets the totals to the training points' sites under the current kernel
     /// and `Z` (the E-step's precondition after an M-step or a move of `Z`).
     fn rebuild_totals(&mut self, data: &Data) -> Result<()> {
-        let kzx = self.posterior.kernel.matrix(&self.posterior.z, data.x());
-        self.posterior.sites = self.sites.totals(&kzx);
-        self.posterior.refresh()
+        self.posterior.refresh()?;
+        let a = self.posterior.cross(data.x()).a;
+        self.posterior.whitened = self.sites.totals(&a);
+        self.posterior.refresh_sites()
     }
 
     fn e_step(&mut self, data: &Data, config: &OfflineConfig, rng: &mut ChaCha8Rng) -> Result<()> {

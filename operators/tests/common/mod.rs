@@ -13,9 +13,13 @@ pub const LENGTHSCALE: f64 = 0.7;
 
 /// The squared-exponential kernel written out directly, independent of the library.
 pub fn se(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    se_with(a, b, VARIANCE, LENGTHSCALE)
+}
+
+pub fn se_with(a: &DMatrix<f64>, b: &DMatrix<f64>, variance: f64, lengthscale: f64) -> DMatrix<f64> {
     DMatrix::from_fn(a.nrows(), b.nrows(), |i, j| {
         let r2: f64 = (0..a.ncols()).map(|k| (a[(i, k)] - b[(j, k)]).powi(2)).sum();
-        VARIANCE * (-0.5 * r2 / (LENGTHSCALE * LENGTHSCALE)).exp()
+        variance * (-0.5 * r2 / (lengthscale * lengthscale)).exp()
     })
 }
 
