@@ -103,6 +103,8 @@ const SETUPS: &[Setup] = &[
     Setup {
         name: "light",
         model_flags: &[
+            "--m-past",
+            "scaled-memory",
             "--m-optimizer",
             "adam",
             "--m-relearn",

@@ -197,7 +197,7 @@ impl ModelArgs {
                     m_rounds: 1,
                     reexpress_old_data: true,
                     relearn_in_m_step: true,
-                    past_in_m_step: PastInMStep::ScaledMemory,
+                    past_in_m_step: PastInMStep::Message,
                     optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
                     memory: MemoryPolicy::PerBatch { k: 20 },
                     seed: self.seed.unwrap_or(0),
@@ -261,7 +261,10 @@ impl ModelArgs {
             };
         }
         if q.past_in_m_step == PastInMStep::Message && !q.relearn_in_m_step {
-            bail!("--m-past message needs --m-relearn true");
+            bail!(
+                "--m-relearn false needs --m-past scaled-memory: past data as a message (the default) \
+                 needs the batch re-learned at every θ"
+            );
         }
         if let Some(r) = self.m_rounds {
             q.m_rounds = r;

@@ -157,8 +157,8 @@ fn eval_refuses_bad_invocations_in_one_line() {
     refuses(&banana, &["--fold", "0", "--m-lr", "0.1"], "--m-optimizer adam");
     refuses(
         &banana,
-        &["--fold", "0", "--m-past", "message", "--m-relearn", "false"],
-        "--m-relearn true",
+        &["--fold", "0", "--m-relearn", "false"],
+        "--m-past scaled-memory",
     );
     assert!(!report.exists(), "a failed run wrote a report");
 }
