@@ -11,7 +11,8 @@ use std::path::Path;
 
 use criterion::{BatchSize, Criterion, Throughput};
 use dualgp::model::{
-    Data, Family, Kernel, Likelihood, MemoryPolicy, Optimizer, SequentialConfig, SequentialLearner, StepSeconds,
+    Data, Family, Kernel, Likelihood, MemoryPolicy, Optimizer, PastInMStep, SequentialConfig, SequentialLearner,
+    StepSeconds,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -55,6 +56,16 @@ fn main() {
                 optimizer: Optimizer::Lbfgs { history: 10 },
                 relearn_in_m_step: true,
                 reexpress_old_data: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "lbfgs30_message",
+            SequentialConfig {
+                m_steps: 30,
+                optimizer: Optimizer::Lbfgs { history: 10 },
+                relearn_in_m_step: true,
+                past_in_m_step: PastInMStep::Message,
                 ..base
             },
         ),

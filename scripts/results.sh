@@ -69,9 +69,12 @@ for data in $DATASETS; do
   done
   if [[ $ABLATION == 1 && ($data == bike || $data == bank) ]]; then
     for fold in $FOLDS; do
-      for variant in memory-random memory-none inducing-fixed; do
-        plan "$OUT/ablation/$data/$variant/fold$fold.json" --data "$DATA/$data.parquet" --fold "$fold" \
-          --likelihood "$lik" --order shuffle:0 --method dual-memory "--${variant%%-*}-policy" "${variant#*-}"
+      # VARIANT=FLAG=VALUE: one flag changed from the defaults.
+      for variant in memory-random=memory-policy=random memory-none=memory-policy=none \
+        inducing-fixed=inducing-policy=fixed past-scaled-memory=m-past=scaled-memory; do
+        IFS== read -r name flag value <<<"$variant"
+        plan "$OUT/ablation/$data/$name/fold$fold.json" --data "$DATA/$data.parquet" --fold "$fold" \
+          --likelihood "$lik" --order shuffle:0 --method dual-memory "--$flag" "$value"
       done
     done
   fi

@@ -164,7 +164,7 @@ fn main_tables(results: &Path, out: &mut String) -> Result<()> {
     Ok(())
 }
 
-/// Dual-memory on shuffle:0 with one setting changed; the defaults (BLS memory,
+/// Dual-memory on shuffle:0 with one setting changed; the defaults (BLS memory, past as a message,
 /// pivoted inducing inputs) are the grid's own runs.
 fn ablation_table(results: &Path, out: &mut String) -> Result<()> {
     let variants = [
@@ -172,12 +172,15 @@ fn ablation_table(results: &Path, out: &mut String) -> Result<()> {
         ("memory random", Some("memory-random")),
         ("memory none", Some("memory-none")),
         ("inducing fixed", Some("inducing-fixed")),
+        ("past as scaled memory", Some("past-scaled-memory")),
     ];
     let mut table = String::from("| data |");
     for (name, _) in variants {
         write!(table, " {name} |")?;
     }
-    table.push_str("\n|---|---|---|---|---|\n");
+    table.push('\n');
+    table.push_str(&"|---".repeat(variants.len() + 1));
+    table.push_str("|\n");
     let mut any = false;
     for data in ["bike", "bank"] {
         let mut row = format!("| {data} |");
@@ -199,8 +202,9 @@ fn ablation_table(results: &Path, out: &mut String) -> Result<()> {
     }
     if any {
         out.push_str("\n## Ablation: dual-memory, shuffle:0, test NLPD\n\n");
-        out.push_str("`--memory-policy bls|random|none` and `--inducing-policy pivoted|fixed`, one setting changed ");
-        out.push_str("at a time from the defaults (memory bls, inducing pivoted).\n\n");
+        out.push_str("`--memory-policy bls|random|none`, `--inducing-policy pivoted|fixed` and ");
+        out.push_str("`--m-past message|scaled-memory`, one setting changed at a time from the defaults ");
+        out.push_str("(memory bls, inducing pivoted, past as a message).\n\n");
         out.push_str(&table);
     }
     Ok(())
