@@ -30,10 +30,10 @@ fn kernel_flops(m: usize, n: usize) -> f64 {
 fn flops(op: &str, m: usize, n: usize) -> f64 {
     let (m_, n_) = (m as f64, n as f64);
     match op {
-        // K(Z,X), L_K⁻¹K_zx, L_R⁻¹K_zx, kᵀw
+        // K(Z,X), A = L⁻¹K_zx, L_D⁻¹A, aᵀm_v
         "predict" => kernel_flops(m, n) + 2.0 * m_ * m_ * n_ + 2.0 * m_ * n_,
-        // predict, the site Gram product, two m×m Cholesky factorisations
-        "e_step" => kernel_flops(m, n) + 4.0 * m_ * m_ * n_ + 2.0 * m_ * n_ + 2.0 * m_.powi(3) / 3.0,
+        // predict, the site Gram product A diag(s2) Aᵀ, the Cholesky factor of I + P
+        "e_step" => kernel_flops(m, n) + 4.0 * m_ * m_ * n_ + 2.0 * m_ * n_ + m_.powi(3) / 3.0,
         // predict, 2 m×m×n products for ∂/∂K_zx and ∂/∂K, kernel gradients, O(m³) terms
         "m_step_gradient" => 3.0 * kernel_flops(m, n) + 6.0 * m_ * m_ * n_ + 12.0 * m_.powi(3),
         _ => unreachable!(),
