@@ -3,6 +3,7 @@
 
 use dualgp_operators::model::estep::e_step;
 use dualgp_operators::model::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms};
+use dualgp_operators::model::past::PastMessage;
 use dualgp_operators::model::posterior::Sites;
 use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, PointSites};
 use nalgebra::{DMatrix, DVector};
@@ -169,16 +170,37 @@ fn softmax_gradient_matches_finite_differences() {
 
 /// With past data's message held (`PastInMStep::Message`) the gradient is
 /// `∂F/∂θ` with `q(u) = N(μ, S)` held: here the sites are re-solved at every
-/// `θ` so that `q` stays put, and `F` is differenced. (`E_q[log t]` does not
-/// move when `q` and `t` are held; its value is checked by the sequential
-/// learner's online-bound test.)
-fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood) {
+/// `θ` so that `q` stays put, and `F` is differenced. With `message` formed
+/// over other inducing inputs, `F` gains `E_q[log t(u_a)]` seen through the
+/// prior's conditional (its sites over `Z` and the conditional term); without,
+/// `E_q[log t]` does not move when `q` and `t` are held (its value is checked
+/// by the sequential learner's online-bound test).
+fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood, message: Option<(&PastMessage, DMatrix<f64>)>) {
     let (mut post, data) = fitted(kernel, &lik, 11);
+    if let Some((_, z)) = &message {
+        post = DualPosterior::new(post.kernel.clone(), z.clone(), post.n_latent()).unwrap();
+        let config = EStepConfig { steps: 3, rho: 0.7 };
+        e_step(
+            &mut post,
+            &lik,
+            &data,
+            &mut PointSites::zeros(data.n(), lik.n_latent()),
+            &config,
+        )
+        .unwrap();
+    }
+    let message = message.map(|(m, _)| m);
     let q: Vec<(DVector<f64>, DMatrix<f64>)> = (0..post.n_latent()).map(|c| post.q_u(c)).collect();
-    let no_message = vec![Sites::zeros(post.m()); post.n_latent()];
     let objective = |post: &DualPosterior, lik: &Likelihood| {
-        let terms = DataTerms::new(post, lik, &data, &post.cross(data.x()), None);
-        terms.finish(post, lik, Some(&no_message))
+        let sites = message.map_or_else(|| vec![Sites::zeros(post.m()); post.n_latent()], |m| m.whitened(post));
+        let mut o = DataTerms::new(post, lik, &data, &post.cross(data.x()), None).finish(post, lik, Some(&sites));
+        if let Some(m) = message {
+            let (value, grad) = m.conditional_term(post);
+            o.value += value;
+            let mut kernel_part = o.grad.rows_mut(0, grad.len());
+            kernel_part += &grad;
+        }
+        o
     };
     let analytic = objective(&post, &lik).grad;
     let theta = hyperparameters(&post.kernel, &lik);
@@ -200,10 +222,11 @@ fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood) {
 
 #[test]
 fn with_q_held_the_gradient_matches_finite_differences() {
-    check_gradient_with_q_held(matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 });
+    check_gradient_with_q_held(matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 }, None);
     check_gradient_with_q_held(
         Kernel::stationary(Family::Matern32, 1.2, vec![0.9]),
         Likelihood::Bernoulli { link: Link::Probit },
+        None,
     );
     check_gradient_with_q_held(
         Kernel::stationary(Family::SquaredExponential, 1.0, vec![1.1]),
@@ -212,5 +235,31 @@ fn with_q_held_the_gradient_matches_finite_differences() {
             samples: 64,
             seed: 5,
         },
+        None,
     );
+}
+
+/// A message formed over inputs `Z_a` of which the current `Z` keeps 5 and
+/// adds 3 (Bui et al.'s old term): value and gradient with `q(u)` held.
+#[test]
+fn with_the_message_over_moved_inducing_inputs_the_gradient_matches_finite_differences() {
+    for (kernel, lik) in [
+        (matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 }),
+        (
+            Kernel::stationary(Family::Matern32, 1.2, vec![0.9]),
+            Likelihood::Bernoulli { link: Link::Probit },
+        ),
+    ] {
+        let (old, _) = fitted(kernel.clone(), &lik, 13);
+        let message = PastMessage::of(&old, &old.whitened);
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        let z = DMatrix::from_fn(8, D, |i, j| {
+            if i < 5 {
+                old.z[(i, j)]
+            } else {
+                rng.random_range(-2.0..2.0)
+            }
+        });
+        check_gradient_with_q_held(kernel, lik, Some((&message, z)));
+    }
 }

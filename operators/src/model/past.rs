@@ -5,16 +5,21 @@
 //! what past data said about `θ` in the objective instead of leaving that to
 //! the memory alone.
 
-use nalgebra::DMatrix;
+use nalgebra::{DMatrix, DVector};
 
 use super::linalg::symmetrize;
 use super::posterior::{keeping_message, DualPosterior, Sites};
 
-/// Kept whitened by the Cholesky factor `L₀` of the `K₀` it was formed under
-/// (`η̃₁ = L₀ᵀη₁ = L₀⁻¹l`, `η̃₂ = L₀ᵀη₂L₀ = L₀⁻¹ΛL₀⁻ᵀ`: the posterior's own
-/// whitened sites at that moment).
+/// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
+/// Cholesky factor `L₀` of the `K₀` it was formed under (`η̃₁ = L₀ᵀη₁ =
+/// L₀⁻¹l`, `η̃₂ = L₀ᵀη₂L₀ = L₀⁻¹ΛL₀⁻ᵀ`: the posterior's own whitened sites at
+/// that moment). When `Z` has moved since, `u_a = f(Z_a)` is seen from the
+/// current `u` through the prior's conditional under the current `θ`, as Bui et
+/// al. do: `E_q[log t(u_a)]` is the expectation of the sites it gives over `u`
+/// plus `−½tr(η₂Q_a)`, `Q_a = K_aa − K_au K⁻¹ K_ua` ([`PastMessage::conditional_term`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PastMessage {
+    z: DMatrix<f64>,
     l0: DMatrix<f64>,
     eta: Vec<Sites>,
 }
@@ -25,6 +30,7 @@ impl PastMessage {
     /// [`without_negative_curvature`]).
     pub fn of(post: &DualPosterior, whitened: &[Sites]) -> Self {
         PastMessage {
+            z: post.z.clone(),
             l0: post.factors().chol_k.l(),
             eta: whitened
                 .iter()
@@ -36,10 +42,10 @@ impl PastMessage {
         }
     }
 
-    /// Its site totals under `post`'s current kernel, whitened: `(Tη̃₁, Tη̃₂Tᵀ)`
-    /// with `T = Lᵀ L₀⁻ᵀ` ([`keeping_message`] over the same `Z`).
+    /// Its sites over `post`'s `Z` under `post`'s kernel, whitened:
+    /// `(Tη̃₁, Tη̃₂Tᵀ)` with `T = L⁻¹K(Z, Z_a)L₀⁻ᵀ` ([`keeping_message`]).
     pub fn whitened(&self, post: &DualPosterior) -> Vec<Sites> {
-        let t = keeping_message(&self.l0, &post.k_zz(), &post.factors().chol_k);
+        let t = keeping_message(&self.l0, &post.inducing_cross(&self.z, &post.z), &post.factors().chol_k);
         self.eta
             .iter()
             .map(|eta| {
@@ -49,7 +55,68 @@ impl PastMessage {
             })
             .collect()
     }
+
+    /// What `E_q[log t(u_a)]` has beyond the expectation of [`whitened`](Self::whitened)'s
+    /// sites when `Z` has moved from `Z_a`: `−½ Σ_c tr(η₂Q_a)` (`= −½tr(η̃₂W)`,
+    /// `W = L₀⁻¹K_aaL₀⁻ᵀ − GGᵀ`, `G = L₀⁻¹K_auL⁻ᵀ`), and the gradient of the
+    /// whole `E_q[log t(u_a)]` in the kernel's log-parameters with `q(u)` held.
+    /// Zero while `Z` is where the message was formed: there the sites carry it all.
+    pub fn conditional_term(&self, post: &DualPosterior) -> (f64, DVector<f64>) {
+        let mut grad = DVector::zeros(post.kernel.n_params());
+        if self.z == post.z {
+            return (0.0, grad);
+        }
+        let factors = post.factors();
+        let cross = post.inducing_cross(&self.z, &post.z);
+        let mut k_aa = post.kernel.matrix(&self.z, &self.z);
+        for i in 0..k_aa.nrows() {
+            k_aa[(i, i)] += post.jitter;
+        }
+        let whiten_a = |m: &DMatrix<f64>| self.l0.solve_lower_triangular(m).expect(POSITIVE_DIAGONAL);
+        let g = factors
+            .chol_k
+            .l()
+            .solve_lower_triangular(&whiten_a(&cross).transpose())
+            .expect(POSITIVE_DIAGONAL)
+            .transpose();
+        let w = whiten_a(&whiten_a(&k_aa).transpose()) - &g * g.transpose();
+        let unwhiten = |v: &DMatrix<f64>| self.l0.transpose().solve_upper_triangular(v).expect(POSITIVE_DIAGONAL);
+        let k_inv = factors.k_inv();
+        let (mut g_ab, mut g_aa, mut g_bb) = (
+            DMatrix::zeros(cross.nrows(), cross.ncols()),
+            DMatrix::zeros(k_aa.nrows(), k_aa.ncols()),
+            DMatrix::zeros(post.m(), post.m()),
+        );
+        let mut value = 0.0;
+        for (c, eta) in self.eta.iter().enumerate() {
+            value -= 0.5 * eta.lambda.component_mul(&w).sum();
+            // u-space η₁ = L₀⁻ᵀη̃₁, η₂ = L₀⁻ᵀη̃₂L₀⁻¹; over u: l = K_uaη₁, Λ = K_uaη₂K_au.
+            let eta1 = unwhiten(&DMatrix::from_column_slice(eta.l.len(), 1, eta.l.as_slice()));
+            let mut eta2 = unwhiten(&unwhiten(&eta.lambda).transpose());
+            symmetrize(&mut eta2);
+            let (w_c, r_inv) = (&factors.w[c], factors.r_inv(c));
+            let l = cross.tr_mul(&eta1);
+            let lambda = cross.tr_mul(&(&eta2 * &cross));
+            // E = η₁ᵀK_auw − ½wᵀΛw − ½tr(ΛR⁻¹) − ½tr(η₂K_aa) + ½tr(η₂K_auK⁻¹K_ua), with
+            // w = K⁻¹μ and R⁻¹ = K⁻¹SK⁻¹ following K as q(u) = N(μ, S) is held.
+            let outer = w_c * w_c.transpose() + r_inv - k_inv;
+            g_ab += &eta1 * w_c.transpose() - &eta2 * &cross * outer;
+            g_aa -= 0.5 * &eta2;
+            let residual = &l - &lambda * DMatrix::from_column_slice(w_c.len(), 1, w_c.as_slice());
+            let k_inv_lambda = k_inv * &lambda;
+            let sym = &k_inv_lambda * r_inv;
+            g_bb +=
+                -(k_inv * residual) * w_c.transpose() + 0.5 * (&sym + sym.transpose()) - 0.5 * &k_inv_lambda * k_inv;
+        }
+        let kernel = &post.kernel;
+        grad += kernel.matrix_grad(&self.z, &post.z, &g_ab)
+            + kernel.matrix_grad(&self.z, &self.z, &g_aa)
+            + kernel.matrix_grad(&post.z, &post.z, &g_bb);
+        (value, grad)
+    }
 }
+
+const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
 
 /// `a` (symmetric) with its negative eigenvalues set to zero. Past data of a
 /// log-concave likelihood says `u` is at least as certain as the prior does,

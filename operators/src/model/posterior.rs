@@ -253,20 +253,28 @@ impl DualPosterior {
     /// for columns held elsewhere. An inducing input kept in place is the same
     /// inducing variable, jitter included, so that it projects onto itself exactly.
     pub fn move_inducing(&mut self, z_new: DMatrix<f64>) -> Result<DMatrix<f64>> {
-        let mut cross = self.kernel.matrix(&self.z, &z_new);
-        for i in 0..self.m() {
-            for j in 0..z_new.nrows() {
-                if self.z.row(i) == z_new.row(j) {
-                    cross[(i, j)] += self.jitter;
-                }
-            }
-        }
+        let cross = self.inducing_cross(&self.z, &z_new);
         let before = self.factors().chol_k.clone();
         self.z = z_new;
         let chol_k = self.factor_k()?;
         self.transform_sites(&keeping_message(&before.l(), &cross, &chol_k));
         self.refresh_with(chol_k)?;
         Ok(before.solve(&cross))
+    }
+
+    /// `K(Z_a, Z_b)` between two sets of inducing inputs; an input in both is
+    /// the same inducing variable and carries the jitter (matched one to one:
+    /// repeated inputs are distinct variables).
+    pub fn inducing_cross(&self, z_a: &DMatrix<f64>, z_b: &DMatrix<f64>) -> DMatrix<f64> {
+        let mut cross = self.kernel.matrix(z_a, z_b);
+        let mut matched = vec![false; z_b.nrows()];
+        for i in 0..z_a.nrows() {
+            if let Some(j) = (0..z_b.nrows()).find(|&j| !matched[j] && z_a.row(i) == z_b.row(j)) {
+                matched[j] = true;
+                cross[(i, j)] += self.jitter;
+            }
+        }
+        cross
     }
 
     /// `chol(K)` under the current kernel and `Z`, the jitter raised if need be.

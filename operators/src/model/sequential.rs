@@ -286,6 +286,15 @@ impl SequentialLearner {
             *slot += clock.elapsed().as_secs_f64();
             clock = Instant::now();
         };
+        // Past data but the memory, over the inducing inputs it was learned on.
+        let message = (self.config.past_in_m_step == PastInMStep::Message).then(|| {
+            let post = self.require().expect("initialised");
+            let mut past = post.whitened.clone();
+            for (past, mem) in past.iter_mut().zip(&self.memory.whitened_totals(post)) {
+                past.add(mem, -1.0);
+            }
+            PastMessage::of(post, &past)
+        });
         let moved_inducing =
             self.config.inducing_policy == InducingPolicy::Pivoted && self.n_seen > 0 && self.move_inducing(&x)?;
         lap(&mut seconds.inducing);
@@ -296,17 +305,16 @@ impl SequentialLearner {
         } else {
             0
         };
-        let message = self.config.past_in_m_step == PastInMStep::Message;
         for round in 0..rounds {
-            let before = (self.config.reexpress_old_data && !message)
+            let before = (self.config.reexpress_old_data && message.is_none())
                 .then(|| self.require().cloned())
                 .transpose()?;
-            self.m_step(shards).await?;
+            self.m_step(shards, message.as_ref()).await?;
             if let Some(before) = &before {
                 self.reexpress_old_data(shards, before).await?;
             }
             lap(&mut seconds.m_step);
-            if before.is_some() || message || round + 1 < rounds {
+            if before.is_some() || message.is_some() || round + 1 < rounds {
                 self.relearn(shards).await?;
             }
             lap(&mut seconds.e_step);
@@ -446,10 +454,10 @@ impl SequentialLearner {
     /// sites held (and the batch's and memory's too, unless re-learning); the
     /// memory's terms are scaled by `n_old / |M|` to stand for all past data,
     /// or past data keeps its message (see [`PastInMStep`]).
-    async fn m_step(&mut self, shards: &mut impl Shards) -> Result<()> {
-        let mut past = match self.config.past_in_m_step {
-            PastInMStep::Message => Some(self.past(shards).await?),
-            PastInMStep::ScaledMemory => None,
+    async fn m_step(&mut self, shards: &mut impl Shards, message: Option<&PastMessage>) -> Result<()> {
+        let mut past = match message {
+            Some(message) => Some(self.past(shards, message.clone()).await?),
+            None => None,
         };
         let memory_weight = if self.memory.is_empty() || past.is_some() {
             1.0
@@ -481,8 +489,9 @@ impl SequentialLearner {
         Ok(())
     }
 
-    /// Past data's message: the totals but for the batch's and memory's contribution.
-    async fn past(&mut self, shards: &mut impl Shards) -> Result<Past> {
+    /// Past data's `message` and its sites in the totals: all but the batch's
+    /// and memory's contribution.
+    async fn past(&mut self, shards: &mut impl Shards, message: PastMessage) -> Result<Past> {
         let here = self
             .totals(shards, Query::Contribution { model: self.current() })
             .await?;
@@ -491,10 +500,7 @@ impl SequentialLearner {
         for (sites, here) in sites.iter_mut().zip(&here) {
             sites.add(here, -1.0);
         }
-        Ok(Past {
-            message: PastMessage::of(post, &sites),
-            sites,
-        })
+        Ok(Past { message, sites })
     }
 
     /// `F(θ)` and its gradient at the current hyperparameters, with the batch
@@ -521,7 +527,14 @@ impl SequentialLearner {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        let objective = terms.finish(self.require()?, &self.likelihood, past.map(|p| p.sites.as_slice()));
+        let post = self.require()?;
+        let mut objective = terms.finish(post, &self.likelihood, past.map(|p| p.sites.as_slice()));
+        if let Some(past) = past {
+            let (value, grad) = past.message.conditional_term(post);
+            objective.value += value;
+            let mut kernel_part = objective.grad.rows_mut(0, grad.len());
+            kernel_part += &grad;
+        }
         Ok((objective.value, objective.grad))
     }
 
