@@ -91,7 +91,11 @@ impl PastMessage {
         for (c, eta) in self.eta.iter().enumerate() {
             value -= 0.5 * eta.lambda.component_mul(&w).sum();
             // u-space η₁ = L₀⁻ᵀη̃₁, η₂ = L₀⁻ᵀη̃₂L₀⁻¹; over u: l = K_uaη₁, Λ = K_uaη₂K_au.
-            let eta1 = unwhiten(&DMatrix::from_column_slice(eta.l.len(), 1, eta.l.as_slice()));
+            let eta1 = self
+                .l0
+                .transpose()
+                .solve_upper_triangular(&eta.l)
+                .expect(POSITIVE_DIAGONAL);
             let mut eta2 = unwhiten(&unwhiten(&eta.lambda).transpose());
             symmetrize(&mut eta2);
             let (w_c, r_inv) = (&factors.w[c], factors.r_inv(c));
@@ -102,7 +106,7 @@ impl PastMessage {
             let outer = w_c * w_c.transpose() + r_inv - k_inv;
             g_ab += &eta1 * w_c.transpose() - &eta2 * &cross * outer;
             g_aa -= 0.5 * &eta2;
-            let residual = &l - &lambda * DMatrix::from_column_slice(w_c.len(), 1, w_c.as_slice());
+            let residual = &l - &lambda * w_c;
             let k_inv_lambda = k_inv * &lambda;
             let sym = &k_inv_lambda * r_inv;
             g_bb +=
@@ -122,8 +126,9 @@ const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
 /// log-concave likelihood says `u` is at least as certain as the prior does,
 /// so its message has no negative curvature; in the totals it can have some,
 /// from rounding that `K`'s condition number amplifies (on bike, eigenvalues
-/// of `−4` beside `10¹⁰`). Re-expressed at another `θ`, such a direction makes
-/// `K + Λ` indefinite and `F` noise, which the M-step then climbs. (A
+/// of `−4` beside `10¹⁰`, before the totals were held whitened). Re-expressed
+/// at another `θ`, such a direction makes `I + P` indefinite and `F` noise,
+/// which the M-step then climbs. (A
 /// Student-t message may truly curve down somewhere; this drops that too.)
 fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
     let mut eigen = a.symmetric_eigen();
@@ -136,7 +141,6 @@ fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nalgebra::DVector;
 
     use crate::model::{Family, Kernel};
 
