@@ -44,7 +44,9 @@ pub enum PastInMStep {
     #[default]
     ScaledMemory,
     /// Past data's message about `u = f(Z)` held in u-space and its expected
-    /// log in `F` (Bui et al. 2017's old term), the memory's terms as they are.
+    /// log in `F` (Bui et al. 2017's old term; over the inducing inputs it was
+    /// learned on, seen through the prior's conditional once `Z` moves), the
+    /// memory's terms as they are.
     Message,
 }
 
