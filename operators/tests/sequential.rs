@@ -69,13 +69,13 @@ fn with_all_past_data_in_memory_the_stream_equals_batch_training() {
     }
 }
 
-#[test]
-fn projection_onto_unchanged_inducing_inputs_is_the_identity() {
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let data = classification_stream(100, &mut rng);
-    let z = DMatrix::from_fn(12, 2, |_, _| rng.random_range(-2.0..2.0));
+/// A posterior over `m` random inducing inputs after an E-step on 100
+/// classification points.
+fn fitted_posterior(m: usize, rng: &mut ChaCha8Rng) -> DualPosterior {
+    let data = classification_stream(100, rng);
+    let z = DMatrix::from_fn(m, 2, |_, _| rng.random_range(-2.0..2.0));
     let lik = Likelihood::Bernoulli { link: Link::Logit };
-    let mut post = DualPosterior::new(kernel(), z.clone(), 1).unwrap();
+    let mut post = DualPosterior::new(kernel(), z, 1).unwrap();
     e_step(
         &mut post,
         &lik,
@@ -84,7 +84,13 @@ fn projection_onto_unchanged_inducing_inputs_is_the_identity() {
         &EStepConfig::default(),
     )
     .unwrap();
+    post
+}
 
+#[test]
+fn projection_onto_unchanged_inducing_inputs_is_the_identity() {
+    let post = fitted_posterior(12, &mut ChaCha8Rng::seed_from_u64(11));
+    let z = post.z.clone();
     let mut moved = post.clone();
     let p = moved.move_inducing(z).unwrap();
     assert!(
@@ -103,19 +109,8 @@ fn projection_onto_unchanged_inducing_inputs_is_the_identity() {
 #[test]
 fn projection_onto_more_inducing_inputs_keeps_the_predictions() {
     let mut rng = ChaCha8Rng::seed_from_u64(16);
-    let data = classification_stream(100, &mut rng);
-    let z = DMatrix::from_fn(8, 2, |_, _| rng.random_range(-2.0..2.0));
-    let lik = Likelihood::Bernoulli { link: Link::Logit };
-    let mut post = DualPosterior::new(kernel(), z.clone(), 1).unwrap();
-    e_step(
-        &mut post,
-        &lik,
-        &data,
-        &mut PointSites::zeros(100, 1),
-        &EStepConfig::default(),
-    )
-    .unwrap();
-
+    let post = fitted_posterior(8, &mut rng);
+    let z = post.z.clone();
     let more = DMatrix::from_fn(
         13,
         2,

@@ -25,7 +25,7 @@ pub(super) enum StageOutput {
 /// The model records are scored with: the prior until the first update.
 enum Scorer {
     Prior { kernel: Kernel, likelihood: Likelihood },
-    Model(Snapshot),
+    Model(Box<Snapshot>),
 }
 
 impl Scorer {
@@ -85,7 +85,7 @@ pub(super) fn partition_stage<'scope>(
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
         let likelihood = prior.1.clone();
         let mut scorer = match initial {
-            Some(model) => Scorer::Model(model),
+            Some(model) => Scorer::Model(Box::new(model)),
             None => Scorer::Prior {
                 kernel: prior.0,
                 likelihood: prior.1,
@@ -142,7 +142,7 @@ pub(super) fn partition_stage<'scope>(
                         answer: Box::new(answer),
                     });
                     if let Some(model) = finished {
-                        scorer = Scorer::Model(model);
+                        scorer = Scorer::Model(Box::new(model));
                         shard = None;
                     }
                 }

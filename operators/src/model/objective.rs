@@ -81,7 +81,7 @@ fn expected_log_message(post: &DualPosterior, whitened: &[Sites]) -> f64 {
             let m_v = &factors.m_v[c];
             let half = factors.d_inv_half(c);
             // tr(PD⁻¹) = tr(L_D⁻¹ P L_D⁻ᵀ)
-            let trace = (&half * &t.lambda).component_mul(&half).sum();
+            let trace = (half * &t.lambda).component_mul(half).sum();
             t.l.dot(m_v) - 0.5 * m_v.dot(&(&t.lambda * m_v)) - 0.5 * trace
         })
         .sum()

@@ -89,6 +89,8 @@ pub(crate) struct Factors {
     /// `K⁻¹` and each `R_c⁻¹`, made on first use: only gradients need them,
     /// and every block of points shares them.
     inverses: OnceLock<Box<Inverses>>,
+    /// Each `L_D⁻¹`, made on first use (the KL, `E_q[log t]`, `R⁻¹`, `q(u)`).
+    d_inv_halves: OnceLock<Vec<DMatrix<f64>>>,
 }
 
 /// `K⁻¹` and each `R_c⁻¹`.
@@ -106,11 +108,18 @@ impl Factors {
     }
 
     /// `L_D⁻¹` of latent `c`: `D⁻¹ = L_D⁻ᵀL_D⁻¹`.
-    pub fn d_inv_half(&self, c: usize) -> DMatrix<f64> {
-        let m = self.m_v[c].len();
-        let mut half = DMatrix::identity(m, m);
-        solve_lower_in_place(&self.chol_d[c], &mut half);
-        half
+    pub fn d_inv_half(&self, c: usize) -> &DMatrix<f64> {
+        &self.d_inv_halves.get_or_init(|| {
+            self.chol_d
+                .iter()
+                .map(|chol| {
+                    let m = chol.l_dirty().nrows();
+                    let mut half = DMatrix::identity(m, m);
+                    solve_lower_in_place(chol, &mut half);
+                    half
+                })
+                .collect()
+        })[c]
     }
 
     fn inverses(&self) -> &Inverses {
@@ -315,6 +324,7 @@ impl DualPosterior {
             m_v,
             w,
             inverses: OnceLock::new(),
+            d_inv_halves: OnceLock::new(),
         });
         Ok(())
     }
