@@ -176,7 +176,7 @@ fn site_step(
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
         for (c, &mean_c) in mean.iter().enumerate() {
-            let beta = (-2.0 * e.d_var[c]).max(BETA_MIN);
+            let beta = e.beta[c].max(BETA_MIN);
             let lambda1 = e.d_mean[c] + beta * mean_c;
             let s1 = (1.0 - rho) * sites.s1[(i, c)] + rho * lambda1;
             let s2 = (1.0 - rho) * sites.s2[(i, c)] + rho * beta;

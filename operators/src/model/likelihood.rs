@@ -56,8 +56,14 @@ pub struct Expectation {
     pub value: f64,
     /// `∂E/∂μ_c` per latent (this is α̂).
     pub d_mean: Vec<f64>,
-    /// `∂E/∂v_c` per latent (β̂ = −2 ∂E/∂v).
+    /// `∂E/∂v_c` per latent: the exact derivative of `value`, for the M-step.
     pub d_var: Vec<f64>,
+    /// `β̂_c`, the site precision: `−2 ∂E/∂v_c`, which equals
+    /// `E[−∂²log p/∂f_c²]` (Price). Softmax takes the second form over its
+    /// draws: always positive and as precise as `α̂`, where the draws'
+    /// derivative in `v` is noise when `p_c` is small and then `α̂/β̂`, the
+    /// site's step, explodes.
+    pub beta: Vec<f64>,
     /// `∂E/∂ log θ` per likelihood parameter, in the order of `log_params`.
     pub d_params: Vec<f64>,
 }
@@ -196,6 +202,7 @@ impl Likelihood {
         debug_assert!(mean.len() == n && var.len() == n, "expected {n} latents");
         out.d_mean.resize(n, 0.0);
         out.d_var.resize(n, 0.0);
+        out.beta.resize(n, 0.0);
         out.d_params.resize(self.n_params(), 0.0);
         let (m, v) = (mean[0], var[0]);
         let [value, d_mean, d_var] = match *self {
@@ -220,6 +227,7 @@ impl Likelihood {
         out.value = value;
         out.d_mean[0] = d_mean;
         out.d_var[0] = d_var;
+        out.beta[0] = -2.0 * d_var;
     }
 
     /// `log p(y | data) = log ∫ p(y|f) q(f) df`, for the test NLPD.
@@ -536,6 +544,7 @@ impl Softmax {
         let mut value = 0.0;
         out.d_mean.fill(0.0);
         out.d_var.fill(0.0);
+        out.beta.fill(0.0);
         self.for_each_draw(mean, var, |d| {
             value += d.f[label] - d.log_norm;
             for (k, &p) in d.probs.iter().enumerate() {
@@ -543,11 +552,14 @@ impl Softmax {
                 out.d_mean[k] += g;
                 // Divided by 2√v_k once at the end.
                 out.d_var[k] += g * d.sign * d.eps[k];
+                // −∂²/∂f_k² log softmax(f)_y.
+                out.beta[k] += p * (1.0 - p);
             }
         });
         let n = self.n_draws() as f64;
         out.value = value / n;
         out.d_mean.iter_mut().for_each(|g| *g /= n);
+        out.beta.iter_mut().for_each(|b| *b /= n);
         for (g, v) in out.d_var.iter_mut().zip(var) {
             *g /= n * 2.0 * v.max(SOFTMAX_VAR_FLOOR).sqrt();
         }
@@ -1243,6 +1255,32 @@ mod tests {
         let mc = value(&sm, &[0.7, 0.0], &[0.9, 0.0], 0.0);
         let quad = value(&logit(), &[0.7], &[0.9], 1.0);
         assert_close(mc, quad, 0.05, 0.0, "softmax vs logit");
+    }
+
+    #[test]
+    fn softmax_beta_is_the_expected_curvature() {
+        // softmax([f, 0]) with the second latent certain is the logit model of
+        // f, whose β̂ quadrature gives to 1e-10.
+        let sm = Likelihood::Softmax {
+            classes: 2,
+            samples: 4096,
+            seed: 0,
+        };
+        let mut e = Expectation::default();
+        for y in [0.0, 1.0] {
+            sm.expectation(&[0.7, 0.0], &[0.9, 0.0], y, &mut e);
+            let beta = e.beta[0];
+            logit().expectation(&[0.7], &[0.9], 1.0 - y, &mut e);
+            assert_close(beta, e.beta[0], 0.01, 0.0, "β̂ against the logit model's");
+        }
+        // An unlikely class: the site's step α̂/β̂ = −1/(1 − p) on every draw,
+        // so it stays a unit step however few draws there are.
+        let mean = [3.0, -8.0, -8.0, -9.0];
+        softmax(4, 0).expectation(&mean, &[1.0; 4], 0.0, &mut e);
+        for c in 1..4 {
+            let step = e.d_mean[c] / e.beta[c];
+            assert!((-1.01..=-1.0).contains(&step), "class {c}: α̂/β̂ = {step}");
+        }
     }
 
     // ---- labels, names, parameters -----------------------------------------------

@@ -104,13 +104,7 @@ pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, d
     let mut scores = Vec::with_capacity(data.n());
     f.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
-        scores.push(
-            e.d_var
-                .iter()
-                .zip(var)
-                .map(|(dv, v)| (-2.0 * dv).max(BETA_MIN) * v)
-                .sum(),
-        );
+        scores.push(e.beta.iter().zip(var).map(|(b, v)| b.max(BETA_MIN) * v).sum());
     });
     scores
 }
