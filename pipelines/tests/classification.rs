@@ -2,8 +2,10 @@
 //! classes learns what a Bernoulli model learns from the same two-class rows,
 //! at input dimensions in the hundreds.
 
+use dualgp_connectors::{shared_data, ColumnSpec, Table};
 use dualgp_operators::model::{Data, Likelihood, Metrics, SequentialLearner};
 use dualgp_pipelines::model_args::ModelArgs;
+use dualgp_pipelines::protocol::Standardizer;
 use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -57,5 +59,63 @@ fn softmax_learns_a_batch_as_well_as_bernoulli_at_high_dimension() {
             softmax.nlpd,
             bernoulli.nlpd
         );
+    }
+}
+
+/// The first `per_class` rows of each class of split Fashion-MNIST's tasks 0
+/// and 1 (train and test), standardised with the train rows' statistics.
+fn fashion_tasks(per_class: usize) -> [(Data, Data); 2] {
+    let read = |name: &str| {
+        let path = shared_data(name).unwrap_or_else(|e| panic!("{e}"));
+        Table::read(path, &ColumnSpec::default()).expect("read data file")
+    };
+    let (train, test) = (read("split_fashion_train.parquet"), read("split_fashion_test.parquet"));
+    let rows = |table: &Table, classes: [f64; 2]| -> Vec<usize> {
+        let labels = table.labels.as_ref().expect("labels");
+        classes
+            .iter()
+            .flat_map(|&c| (0..table.n()).filter(move |&i| labels[i] == c).take(per_class))
+            .collect()
+    };
+    let all: Vec<usize> = rows(&train, [0.0, 1.0])
+        .into_iter()
+        .chain(rows(&train, [2.0, 3.0]))
+        .collect();
+    let scaling = Standardizer::fit(&train.select(&all).features, None);
+    let data = |table: &Table, rows: Vec<usize>| {
+        let part = table.select(&rows);
+        let labels = DVector::from_vec(part.labels.clone().expect("labels"));
+        Data::new(scaling.transform_x(&part.features), labels).expect("finite rows")
+    };
+    [[0.0, 1.0], [2.0, 3.0]].map(|classes| (data(&train, rows(&train, classes)), data(&test, rows(&test, classes))))
+}
+
+#[test]
+fn a_new_task_is_learned_with_hyperparameters_fixed() {
+    // Task 1's classes start far below task 0's wherever the images look
+    // alike (p ≈ 10⁻³: α̂ ≈ 1, β̂ ≈ p); summed over a batch, their sites once
+    // moved the posterior by hundreds and the E-step diverged.
+    let [(train0, _), (train1, test1)] = fashion_tasks(150);
+    let mut settings = ModelArgs::default().settings().expect("default settings");
+    settings.sequential.m_steps = 0;
+    settings.sequential.inducing = 50;
+    for steps in [4, 20] {
+        settings.sequential.e_step.steps = steps;
+        let likelihood = Likelihood::parse("softmax:10").expect("likelihood");
+        let mut learner = SequentialLearner::new(settings.kernel(train0.d()), likelihood, settings.sequential.clone())
+            .expect("learner");
+        learner.update(&train0).expect("task 0");
+        learner.update(&train1).expect("task 1");
+        let metrics = learner.evaluate(&test1).expect("evaluate");
+        let accuracy = metrics.accuracy.expect("accuracy");
+        let largest = learner
+            .posterior()
+            .expect("learned")
+            .predict_f(test1.x())
+            .mean
+            .abs()
+            .max();
+        assert!(accuracy > 0.85, "{steps} E-steps: task 1 accuracy {accuracy}");
+        assert!(largest < 30.0, "{steps} E-steps: a latent mean reached {largest}");
     }
 }

@@ -18,6 +18,38 @@ use super::posterior::{Cross, DualPosterior, Sites};
 /// `β̂` is clipped from below so that every site stays a valid precision.
 pub const BETA_MIN: f64 = 1e-8;
 
+/// How far a site's new pseudo-observation `μ + α̂/β̂` may lie beyond its
+/// previous one (or beyond `μ`, for a new site), in marginal standard
+/// deviations (see [`site_precision`]).
+pub const SITE_STEP_LIMIT: f64 = 4.0;
+
+/// The precision a site moves to: `β̂`, raised where needed so that its
+/// pseudo-observation `μ + α̂/β̂` lies at most [`SITE_STEP_LIMIT`] marginal
+/// standard deviations beyond the site's previous one (`previous`, or `μ` for
+/// a site that contributes nothing yet): a trust region. Where the likelihood
+/// is steep but flat (a class the model has never seen: `α̂ ≈ 1`, `β̂ ≈ p ≈ 0`)
+/// the pseudo-observation lies far out, and a batch of such sites moved the
+/// posterior by their summed gradients times the prior variance: the E-step
+/// overshot and diverged. At a fixed point every site proposes its previous
+/// pseudo-observation, so the bound is slack there and the fixed point is the
+/// one of the true `β̂`. A conjugate likelihood's one step is exact and keeps its `β̂`.
+pub fn site_precision(
+    likelihood: &Likelihood,
+    beta: f64,
+    alpha: f64,
+    mean: f64,
+    var: f64,
+    previous: Option<f64>,
+) -> f64 {
+    if likelihood.is_conjugate() {
+        return beta;
+    }
+    // Room towards α̂'s side: the trust radius, plus however far out the previous pseudo-observation lies.
+    let ahead = previous.map_or(0.0, |r| ((r - mean) * alpha.signum()).max(0.0));
+    let room = SITE_STEP_LIMIT * var.max(f64::EPSILON).sqrt() + ahead;
+    beta.max(alpha.abs() / room).max(BETA_MIN)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EStepConfig {
     /// Fixed-point iterations.
@@ -175,13 +207,15 @@ fn site_step(
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
-        for (c, &mean_c) in mean.iter().enumerate() {
-            let beta = e.beta[c].max(BETA_MIN);
+        for (c, (&mean_c, &var_c)) in mean.iter().zip(var).enumerate() {
+            let (s1_old, s2_old) = (sites.s1[(i, c)], sites.s2[(i, c)]);
+            let previous = (s2_old > 0.0).then(|| s1_old / s2_old);
+            let beta = site_precision(likelihood, e.beta[c], e.d_mean[c], mean_c, var_c, previous);
             let lambda1 = e.d_mean[c] + beta * mean_c;
-            let s1 = (1.0 - rho) * sites.s1[(i, c)] + rho * lambda1;
-            let s2 = (1.0 - rho) * sites.s2[(i, c)] + rho * beta;
-            change.s1[(i, c)] = s1 - sites.s1[(i, c)];
-            change.s2[(i, c)] = s2 - sites.s2[(i, c)];
+            let s1 = (1.0 - rho) * s1_old + rho * lambda1;
+            let s2 = (1.0 - rho) * s2_old + rho * beta;
+            change.s1[(i, c)] = s1 - s1_old;
+            change.s2[(i, c)] = s2 - s2_old;
             sites.s1[(i, c)] = s1;
             sites.s2[(i, c)] = s2;
         }

@@ -1,0 +1,107 @@
+//! A class-incremental stream (tasks of two new classes each, one softmax over
+//! all of them) through the sequential learner with θ fixed: which update
+//! steps keep what the batch posterior knows, and that a new class is learned.
+
+use dualgp_operators::model::estep::e_step;
+use dualgp_operators::model::{
+    Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, PointSites,
+    SequentialConfig, SequentialLearner,
+};
+use nalgebra::{DMatrix, DVector};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+const D: usize = 6;
+const TASKS: usize = 3;
+const CLASSES: usize = 2 * TASKS;
+
+fn kernel() -> Kernel {
+    Kernel::stationary(Family::Matern52, 1.0, vec![(D as f64).sqrt()])
+}
+
+fn softmax() -> Likelihood {
+    Likelihood::parse(&format!("softmax:{CLASSES}")).unwrap()
+}
+
+/// Train and test rows, `per_class` of each class per set, every class around
+/// its own random centre; rows in task order (classes 0 and 1, then 2 and 3, …).
+fn tasks(per_class: usize, seed: u64) -> (Data, Data) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut normal = || -> f64 { StandardNormal.sample(&mut rng) };
+    let centres: Vec<Vec<f64>> = (0..CLASSES).map(|_| (0..D).map(|_| 1.5 * normal()).collect()).collect();
+    let n = per_class * CLASSES;
+    // Row i: task i / (2 per_class), alternating its two classes.
+    let class = |i: usize| 2 * (i / (2 * per_class)) + i % 2;
+    let mut draw = || {
+        let x = DMatrix::from_fn(n, D, |i, j| centres[class(i)][j] + normal());
+        Data::new(x, DVector::from_fn(n, |i, _| class(i) as f64)).unwrap()
+    };
+    (draw(), draw())
+}
+
+fn task(data: &Data, t: usize) -> Data {
+    let per_task = data.n() / TASKS;
+    data.select(&(t * per_task..(t + 1) * per_task).collect::<Vec<_>>())
+}
+
+fn learner(
+    e_step: EStepConfig,
+    inducing_policy: InducingPolicy,
+    memory: MemoryPolicy,
+    z: DMatrix<f64>,
+) -> SequentialLearner {
+    let config = SequentialConfig {
+        inducing: z.nrows(),
+        inducing_policy,
+        e_step,
+        m_steps: 0,
+        memory,
+        ..SequentialConfig::default()
+    };
+    SequentialLearner::new(kernel(), softmax(), config)
+        .unwrap()
+        .with_inducing(z)
+        .unwrap()
+}
+
+fn max_abs(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+    (a - b).abs().max()
+}
+
+#[test]
+fn with_all_past_data_in_memory_the_class_incremental_stream_equals_batch_training() {
+    // The inducing inputs move to each new task (pivoted Cholesky, the sites
+    // projected) and the memory is re-learned at every update: with every past
+    // point in memory, neither step may lose anything.
+    let (train, test) = tasks(25, 3);
+    let converged = EStepConfig { steps: 150, rho: 0.6 };
+    let z0 = task(&train, 0).x().rows(0, 12).into_owned();
+    let mut learner = learner(
+        converged,
+        InducingPolicy::Pivoted,
+        MemoryPolicy::PerBatch { k: 1000 },
+        z0,
+    );
+    for t in 0..TASKS {
+        learner.update(&task(&train, t)).unwrap();
+        let seen = train.select(&(0..(t + 1) * train.n() / TASKS).collect::<Vec<_>>());
+        let post = learner.posterior().unwrap();
+        let mut batch = DualPosterior::new(kernel(), post.z.clone(), CLASSES).unwrap();
+        e_step(
+            &mut batch,
+            &softmax(),
+            &seen,
+            &mut PointSites::zeros(seen.n(), CLASSES),
+            &converged,
+        )
+        .unwrap();
+        let (got, want) = (post.predict_f(test.x()), batch.predict_f(test.x()));
+        let (e_mean, e_var) = (max_abs(&got.mean, &want.mean), max_abs(&got.var, &want.var));
+        assert!(
+            e_mean < 1e-6 && e_var < 1e-6,
+            "task {t}: mean error {e_mean:e}, variance error {e_var:e}"
+        );
+        assert_eq!(learner.memory.len(), seen.n());
+    }
+}
