@@ -27,7 +27,8 @@ pub const SITE_STEP_LIMIT: f64 = 4.0;
 /// pseudo-observation `μ + α̂/β̂` lies at most [`SITE_STEP_LIMIT`] marginal
 /// standard deviations beyond the site's previous one (`previous`, or `μ` for
 /// a site that contributes nothing yet): a trust region. Where the likelihood
-/// is steep but flat (a class the model has never seen: `α̂ ≈ 1`, `β̂ ≈ p ≈ 0`)
+/// still slopes but barely curves (a class the model has learned to push
+/// down: `α̂ ≈ 1`, `β̂ ≈ p ≈ 0`)
 /// the pseudo-observation lies far out, and a batch of such sites moved the
 /// posterior by their summed gradients times the prior variance: the E-step
 /// overshot and diverged. At a fixed point every site proposes its previous
