@@ -209,6 +209,9 @@ pub struct ColumnSpec {
     pub label: Column,
     /// The fold column (integer fitting in `i8`).
     pub fold: Column,
+    /// The task column (integer; which task of a continual-learning stream a
+    /// record belongs to, for per-task evaluation).
+    pub task: Column,
 }
 
 impl Default for ColumnSpec {
@@ -218,6 +221,7 @@ impl Default for ColumnSpec {
             features: Features::Prefix("x".into()),
             label: Column::Required("y".into()),
             fold: Column::IfPresent("fold".into()),
+            task: Column::IfPresent("task".into()),
         }
     }
 }
@@ -262,6 +266,8 @@ pub struct Table {
     pub ids: Vec<i64>,
     /// Fold of each record, when the file has a fold column.
     pub folds: Option<Vec<i8>>,
+    /// Task of each record, when the file has a task column.
+    pub tasks: Option<Vec<i64>>,
     /// Features, n × d (rows are records).
     pub features: DMatrix<f64>,
     /// Names of the feature columns, in matrix column order.
@@ -277,6 +283,7 @@ pub struct Table {
 enum Role {
     Id,
     Fold,
+    Task,
     Feature,
     Label,
 }
@@ -284,7 +291,7 @@ enum Role {
 impl Role {
     fn expected(self) -> &'static str {
         match self {
-            Role::Id | Role::Fold => "an integer type (int8/16/32/64 or uint8/16/32)",
+            Role::Id | Role::Fold | Role::Task => "an integer type (int8/16/32/64 or uint8/16/32)",
             Role::Feature | Role::Label => "int32, int64, float32 or float64",
         }
     }
@@ -292,7 +299,7 @@ impl Role {
     fn accepts(self, t: &DataType) -> bool {
         use DataType::*;
         match self {
-            Role::Id | Role::Fold => {
+            Role::Id | Role::Fold | Role::Task => {
                 matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
             }
             Role::Feature | Role::Label => matches!(t, Int32 | Int64 | Float32 | Float64),
@@ -357,10 +364,14 @@ impl Table {
         };
         let label = optional(&spec.label)?;
         let fold = optional(&spec.fold)?;
+        let task = optional(&spec.task)?;
 
         let mut wanted: Vec<(&str, Role)> = vec![(spec.id.as_str(), Role::Id)];
         if let Some(f) = &fold {
             wanted.push((f, Role::Fold));
+        }
+        if let Some(t) = &task {
+            wanted.push((t, Role::Task));
         }
         wanted.extend(feature_names.iter().map(|n| (n.as_str(), Role::Feature)));
         if let Some(l) = &label {
@@ -389,6 +400,7 @@ impl Table {
 
         let mut ids: Vec<i64> = Vec::with_capacity(n_rows);
         let mut folds: Option<Vec<i8>> = fold.as_ref().map(|_| Vec::with_capacity(n_rows));
+        let mut tasks: Option<Vec<i64>> = task.as_ref().map(|_| Vec::with_capacity(n_rows));
         let mut labels: Option<Vec<f64>> = label.as_ref().map(|_| Vec::with_capacity(n_rows));
         let mut columns: Vec<Vec<f64>> = feature_names.iter().map(|_| Vec::with_capacity(n_rows)).collect();
         let mut offset = 0usize;
@@ -429,6 +441,10 @@ impl Table {
                     })?);
                 }
             }
+            if let (Some(name), Some(tasks)) = (&task, tasks.as_mut()) {
+                let t = cast(&col(name)?, &DataType::Int64).map_err(read_err)?;
+                tasks.extend_from_slice(t.as_primitive::<Int64Type>().values());
+            }
             for (name, out) in feature_names.iter().zip(columns.iter_mut()) {
                 let f = cast(&col(name)?, &DataType::Float64).map_err(read_err)?;
                 out.extend_from_slice(f.as_primitive::<Float64Type>().values());
@@ -446,6 +462,7 @@ impl Table {
         Ok(Table {
             ids,
             folds,
+            tasks,
             features,
             feature_names,
             labels,
@@ -476,6 +493,7 @@ impl Table {
         Table {
             ids: rows.iter().map(|&r| self.ids[r]).collect(),
             folds: self.folds.as_ref().map(|f| rows.iter().map(|&r| f[r]).collect()),
+            tasks: self.tasks.as_ref().map(|t| rows.iter().map(|&r| t[r]).collect()),
             features: self.features.select_rows(rows),
             feature_names: self.feature_names.clone(),
             labels: self.labels.as_ref().map(|l| rows.iter().map(|&r| l[r]).collect()),

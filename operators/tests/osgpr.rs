@@ -430,8 +430,9 @@ fn inducing_policies_keep_m_points_and_serde_round_trips() {
         close(&learner, &back, 1e-9);
         learner.update(&next).unwrap();
         back.update(&next).unwrap();
-        // L-BFGS amplifies the last-digit differences a little.
-        close(&learner, &back, 1e-6);
+        // Ten L-BFGS steps on Z amplify the last-digit differences (Z ends
+        // 1e-4 apart for the pivoted policy); a lost field would differ at O(1).
+        close(&learner, &back, 1e-4);
     }
 }
 

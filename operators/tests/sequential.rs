@@ -236,6 +236,45 @@ fn bounded_memory_keeps_its_capacity() {
     assert_eq!(learner.n_seen, 400);
 }
 
+/// A uniform reservoir of capacity c over N points keeps each point with
+/// probability c/N whatever batch it came in: over 40 seeds, 8 batches of 50
+/// and capacity 25, each batch holds 25/8 points of the memory on average. A
+/// chi-square test on the batch counts (7 degrees of freedom, false-alarm rate
+/// 0.1 %: critical value 24.32); a per-batch memory would put 25 in the last
+/// batch and fail it.
+#[test]
+fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let stream = classification_stream(400, &mut rng);
+    let mut counts = [0usize; 8];
+    let seeds = 40;
+    for seed in 0..seeds {
+        let config = SequentialConfig {
+            inducing: 10,
+            e_step: EStepConfig { steps: 1, rho: 0.8 },
+            m_steps: 0,
+            memory: MemoryPolicy::RandomReservoir { capacity: 25 },
+            seed,
+            ..SequentialConfig::default()
+        };
+        let mut learner =
+            SequentialLearner::new(kernel(), Likelihood::Bernoulli { link: Link::Probit }, config).unwrap();
+        for start in (0..400).step_by(50) {
+            learner
+                .update(&stream.select(&(start..start + 50).collect::<Vec<_>>()))
+                .unwrap();
+            assert!(learner.memory.len() <= 25);
+        }
+        assert_eq!(learner.memory.len(), 25);
+        for p in &learner.memory.points {
+            counts[p.id.batch as usize] += 1;
+        }
+    }
+    let expected = (seeds * 25) as f64 / 8.0;
+    let chi2: f64 = counts.iter().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
+    assert!(chi2 < 24.32, "chi-square {chi2:.2} for counts per batch {counts:?}");
+}
+
 #[test]
 fn a_checkpoint_round_trips_through_serde() {
     let mut rng = ChaCha8Rng::seed_from_u64(15);

@@ -63,6 +63,21 @@ pub struct BatchReport {
     pub test_rmse: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
+    #[serde(flatten)]
+    pub by_task: ByTask,
+}
+
+/// Test metrics for each task of a test file with a `task` column (keys are
+/// the task numbers): the paper's Table 2, one row per batch. Empty without
+/// such a column.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ByTask {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub test_nlpd_by_task: BTreeMap<String, f64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub test_rmse_by_task: BTreeMap<String, f64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub test_accuracy_by_task: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -72,6 +87,8 @@ pub struct FinalReport {
     pub test_rmse: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
+    #[serde(flatten)]
+    pub by_task: ByTask,
     pub seconds_total: f64,
     /// The learned kernel and likelihood hyperparameters by name.
     pub hyperparameters: BTreeMap<String, f64>,
@@ -114,12 +131,13 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     }
     let prepared = prepare(&split, &order, args.batches, regression)?;
     let (train, test) = datasets(&prepared, &likelihood)?;
+    let tasks = TestTasks::new(split.test.tasks.as_deref(), &test);
     let likelihood = settings.likelihood(likelihood);
     let kernel = settings.kernel(train.d());
 
     let mut batches = Vec::new();
     let mut total = 0.0;
-    let (final_metrics, hyperparameters) = match args.method {
+    let (final_metrics, final_by_task, hyperparameters) = match args.method {
         streaming @ (Method::DualMemory | Method::Osgpr) => {
             // The reference keeps Z at the first m train rows (both learners share m).
             let first_rows = settings.z_first_rows.then(|| {
@@ -145,23 +163,33 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 learner.as_mut(),
                 &prepared,
                 &train,
-                &test,
+                (&test, &tasks),
                 &mut batches,
                 &mut total,
                 &mut progress,
             )?;
-            (metrics, learner.hyperparameters())
+            let by_task = tasks.score(|t| learner.score(t))?;
+            (metrics, by_task, learner.hyperparameters())
         }
         Method::Offline => {
             let started = Instant::now();
             let m = settings.sequential.inducing;
             let model = fit_offline(kernel, likelihood.clone(), &train, m, &OfflineConfig::default())?;
             total = started.elapsed().as_secs_f64();
-            let metrics = dualgp_operators::model::evaluate(&model.posterior, &model.likelihood, &test)?;
-            batches.push(batch_report(1, train.n() as u64, total, &metrics));
+            let score = |t: &Data| {
+                Ok(dualgp_operators::model::evaluate(
+                    &model.posterior,
+                    &model.likelihood,
+                    t,
+                )?)
+            };
+            let metrics = score(&test)?;
+            let by_task = tasks.score(score)?;
+            batches.push(batch_report(1, train.n() as u64, total, &metrics, by_task.clone()));
             progress(1, 1);
             (
                 metrics,
+                by_task,
                 named_hyperparameters(&model.posterior.kernel, &model.likelihood),
             )
         }
@@ -177,6 +205,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             test_nlpd: final_metrics.nlpd,
             test_rmse: final_metrics.rmse,
             test_accuracy: final_metrics.accuracy,
+            by_task: final_by_task,
             seconds_total: total,
             hyperparameters: hyperparameters.into_iter().collect(),
         },
@@ -229,7 +258,7 @@ fn stream(
     learner: &mut dyn Streaming,
     prepared: &Prepared,
     train: &Data,
-    test: &Data,
+    (test, tasks): (&Data, &TestTasks),
     batches: &mut Vec<BatchReport>,
     total: &mut f64,
     progress: &mut impl FnMut(usize, usize),
@@ -243,7 +272,8 @@ fn stream(
         let seconds = started.elapsed().as_secs_f64();
         *total += seconds;
         let metrics = learner.score(test)?;
-        batches.push(batch_report(b + 1, n_seen, seconds, &metrics));
+        let by_task = tasks.score(|t| learner.score(t))?;
+        batches.push(batch_report(b + 1, n_seen, seconds, &metrics, by_task));
         last = Some(metrics);
         progress(b + 1, n_batches);
     }
@@ -266,7 +296,7 @@ fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {
     Ok((train, test))
 }
 
-fn batch_report(batch: usize, n_seen: u64, seconds: f64, m: &Metrics) -> BatchReport {
+fn batch_report(batch: usize, n_seen: u64, seconds: f64, m: &Metrics, by_task: ByTask) -> BatchReport {
     BatchReport {
         batch,
         n_seen,
@@ -274,6 +304,36 @@ fn batch_report(batch: usize, n_seen: u64, seconds: f64, m: &Metrics) -> BatchRe
         test_nlpd: m.nlpd,
         test_rmse: m.rmse,
         test_accuracy: m.accuracy,
+        by_task,
+    }
+}
+
+/// The test rows of each task, in task order (none without a `task` column).
+struct TestTasks(Vec<(i64, Data)>);
+
+impl TestTasks {
+    fn new(tasks: Option<&[i64]>, test: &Data) -> TestTasks {
+        let mut rows: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        for (i, &t) in tasks.unwrap_or_default().iter().enumerate() {
+            rows.entry(t).or_default().push(i);
+        }
+        TestTasks(rows.into_iter().map(|(t, r)| (t, test.select(&r))).collect())
+    }
+
+    fn score(&self, mut score: impl FnMut(&Data) -> Result<Metrics>) -> Result<ByTask> {
+        let mut out = ByTask::default();
+        for (task, data) in &self.0 {
+            let m = score(data)?;
+            let key = task.to_string();
+            out.test_nlpd_by_task.insert(key.clone(), m.nlpd);
+            if let Some(rmse) = m.rmse {
+                out.test_rmse_by_task.insert(key.clone(), rmse);
+            }
+            if let Some(accuracy) = m.accuracy {
+                out.test_accuracy_by_task.insert(key, accuracy);
+            }
+        }
+        Ok(out)
     }
 }
 

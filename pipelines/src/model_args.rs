@@ -65,9 +65,9 @@ pub struct ModelArgs {
     pub preset: Option<Preset>,
     #[arg(long, value_enum)]
     pub kernel: Option<KernelName>,
-    /// One lengthscale per input.
-    #[arg(long)]
-    pub ard: bool,
+    /// One lengthscale per input (`--ard`, `--ard true`) or one for all (`--ard false`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub ard: Option<bool>,
     #[arg(long)]
     pub inducing: Option<usize>,
     #[arg(long, value_enum)]
@@ -76,7 +76,7 @@ pub struct ModelArgs {
     pub memory_per_batch: Option<usize>,
     #[arg(long, value_enum)]
     pub memory_policy: Option<MemoryPolicyName>,
-    /// Bound the memory: BLS-weighted reservoir over the whole stream.
+    /// Bound the memory: a reservoir over the whole stream, BLS-weighted (uniform with --memory-policy random).
     #[arg(long)]
     pub memory_capacity: Option<usize>,
     /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
@@ -130,7 +130,7 @@ impl ModelArgs {
         ModelArgs {
             preset: over.preset.or(self.preset),
             kernel: over.kernel.or(self.kernel),
-            ard: over.ard || self.ard,
+            ard: over.ard.or(self.ard),
             inducing: over.inducing.or(self.inducing),
             inducing_policy: over.inducing_policy.or(self.inducing_policy),
             memory_per_batch: over.memory_per_batch.or(self.memory_per_batch),
@@ -215,7 +215,9 @@ impl ModelArgs {
                 KernelName::Rbf => Family::SquaredExponential,
             };
         }
-        s.ard |= self.ard;
+        if let Some(ard) = self.ard {
+            s.ard = ard;
+        }
         let q = &mut s.sequential;
         if let Some(m) = self.inducing {
             if m == 0 {
@@ -275,7 +277,8 @@ impl ModelArgs {
         });
         q.memory = match (self.memory_policy, self.memory_capacity) {
             (Some(MemoryPolicyName::None), _) => MemoryPolicy::None,
-            (Some(MemoryPolicyName::Random), _) => MemoryPolicy::Random { k },
+            (Some(MemoryPolicyName::Random), Some(capacity)) => MemoryPolicy::RandomReservoir { capacity },
+            (Some(MemoryPolicyName::Random), None) => MemoryPolicy::Random { k },
             (_, Some(capacity)) => MemoryPolicy::Reservoir { capacity },
             _ => MemoryPolicy::PerBatch { k },
         };
@@ -334,4 +337,51 @@ pub fn check_workers(workers: usize) -> Result<()> {
         bail!("--workers 0: give at least one worker");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    fn settings(args: &[&str]) -> Settings {
+        let cli = Cli::try_parse_from(std::iter::once("dualgp").chain(args.iter().copied())).expect("flags parse");
+        cli.model.settings().expect("settings")
+    }
+
+    #[test]
+    fn a_memory_capacity_bounds_the_random_memory_too() {
+        let memory = |args: &[&str]| settings(args).sequential.memory;
+        assert_eq!(
+            memory(&["--memory-capacity", "50"]),
+            MemoryPolicy::Reservoir { capacity: 50 }
+        );
+        assert_eq!(
+            memory(&["--memory-policy", "random", "--memory-capacity", "50"]),
+            MemoryPolicy::RandomReservoir { capacity: 50 }
+        );
+        assert_eq!(
+            memory(&["--memory-policy", "random", "--memory-per-batch", "7"]),
+            MemoryPolicy::Random { k: 7 }
+        );
+        assert_eq!(
+            memory(&["--memory-policy", "none", "--memory-capacity", "50"]),
+            MemoryPolicy::None
+        );
+    }
+
+    #[test]
+    fn ard_can_be_switched_either_way() {
+        let reference = settings(&["--preset", "reference"]).ard;
+        assert!(!reference);
+        assert!(settings(&["--preset", "reference", "--ard"]).ard);
+        assert!(settings(&["--ard", "true"]).ard);
+        assert!(!settings(&["--ard", "false"]).ard);
+    }
 }

@@ -44,7 +44,7 @@ fn softmax_learns_a_batch_as_well_as_bernoulli_at_high_dimension() {
     let (train, test) = two_clusters(200, 400, 400, 3);
     let bernoulli = learn_once("bernoulli", &train, &test);
     let acc = bernoulli.accuracy.expect("accuracy");
-    assert!(acc > 0.9, "the rows are separable: bernoulli reaches {acc}");
+    assert!(acc > 0.85, "the rows are separable: bernoulli reaches {acc}");
     // Two classes, and ten of which eight never occur.
     for classes in [2, 10] {
         let softmax = learn_once(&format!("softmax:{classes}"), &train, &test);

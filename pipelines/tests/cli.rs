@@ -81,12 +81,62 @@ fn eval_writes_the_report_contract_for_banana() {
             assert!(b.get(key).is_some(), "batch entry without {key}: {b}");
         }
         assert!(b.get("test_rmse").is_none());
+        assert!(
+            b.get("test_accuracy_by_task").is_none(),
+            "banana has no task column: {b}"
+        );
     }
     let accuracy = json["final"]["test_accuracy"].as_f64().unwrap();
     assert!(accuracy > 0.75, "banana accuracy {accuracy}");
     assert!(json["final"]["seconds_total"].as_f64().unwrap() > 0.0);
     let lengthscale = &json["final"]["hyperparameters"]["matern52.lengthscale[0]"];
     assert!(lengthscale.as_f64().is_some_and(|l| l > 0.0), "{}", json["final"]);
+    std::fs::remove_file(report).ok();
+}
+
+/// Split Fashion-MNIST's test file has a `task` column (400 rows each):
+/// every batch entry and the final entry give accuracy and NLPD per task, and
+/// with equal task sizes their means are the overall figures.
+#[test]
+fn eval_reports_each_task_of_a_continual_stream_after_every_batch() {
+    let report = report_path("split");
+    let out = dualgp(&[
+        "eval",
+        "--data",
+        &data("split_fashion_train"),
+        "--test",
+        &data("split_fashion_test"),
+        "--likelihood",
+        "softmax:10",
+        "--batches",
+        "5",
+        "--inducing",
+        "10",
+        "--e-steps",
+        "1",
+        "--m-steps",
+        "0",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let entries = json["batches"].as_array().unwrap().iter().chain([&json["final"]]);
+    for entry in entries {
+        for (by_task, overall) in [
+            ("test_accuracy_by_task", "test_accuracy"),
+            ("test_nlpd_by_task", "test_nlpd"),
+        ] {
+            let tasks = entry[by_task]
+                .as_object()
+                .unwrap_or_else(|| panic!("no {by_task}: {entry}"));
+            let keys: Vec<&str> = tasks.keys().map(String::as_str).collect();
+            assert_eq!(keys, ["0", "1", "2", "3", "4"]);
+            let mean = tasks.values().map(|v| v.as_f64().unwrap()).sum::<f64>() / 5.0;
+            let overall = entry[overall].as_f64().unwrap();
+            assert!((mean - overall).abs() < 1e-9, "{by_task} mean {mean} against {overall}");
+        }
+    }
     std::fs::remove_file(report).ok();
 }
 

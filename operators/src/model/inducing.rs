@@ -1,6 +1,15 @@
-//! Inducing-input selection by greedy pivoted Cholesky (Burt et al. 2020):
-//! repeatedly take the candidate with the largest variance left unexplained
-//! by those already taken.
+//! Inducing-input selection by greedy pivoted Cholesky (after Burt et al.
+//! 2020), each pivot the candidate that most reduces the variance the chosen
+//! ones leave unexplained, summed over the data: `Σ_j w_j R_jj`, `R` the
+//! residual kernel.
+//!
+//! Burt et al. pivot on the largest residual `R_ii` alone. At high dimension
+//! that takes the outliers first, since each explains only itself: on split
+//! Fashion-MNIST 41 of 100 pivots came from the 1 % of images with a pixel
+//! beyond 20 standard deviations, and 99 of 100 after four tasks, which left
+//! the posterior nothing to hold the past with. A pivot's reduction of the sum
+//! is `Σ_j w_j R_ji² / R_ii`: the outlier's is its own variance, a typical
+//! point's that of its neighbours as well.
 
 use nalgebra::DMatrix;
 
@@ -9,29 +18,51 @@ use super::kernel::Kernel;
 /// Residual variance below which a candidate adds nothing (relative to the prior).
 const NEGLIGIBLE_VARIANCE: f64 = 1e-12;
 
-/// Indices of up to `m` rows of `candidates`, in the order taken. Fewer come
+/// The sum is taken over at most this many candidates (every k-th, so the
+/// choice stays deterministic), which bounds a pivot's cost at `N` times this.
+const MAX_SCORED: usize = 1024;
+
+/// Indices of up to `m` rows of `candidates`, in the order taken; `weights[i]`
+/// is how many data points candidate `i` stands for in the sum. Fewer come
 /// back when the rest are (numerically) explained already, e.g. duplicates.
-/// Cost `O(N m²)` plus `N m` kernel evaluations for `N` candidates.
-pub fn pivoted_cholesky(kernel: &Kernel, candidates: &DMatrix<f64>, m: usize) -> Vec<usize> {
+/// Cost `O(N S)` per pivot for `N` candidates, `S = min(N, 1024)` of them
+/// scored, plus `N S` kernel evaluations.
+///
+/// # Panics
+/// If `weights` does not have one entry per candidate.
+pub fn pivoted_cholesky(kernel: &Kernel, candidates: &DMatrix<f64>, weights: &[f64], m: usize) -> Vec<usize> {
     let n = candidates.nrows();
+    assert_eq!(weights.len(), n, "one weight per candidate");
     let m = m.min(n);
+    let scored: Vec<usize> = (0..n).step_by(n.div_ceil(MAX_SCORED).max(1)).collect();
+    let scored_weights: Vec<f64> = scored.iter().map(|&j| weights[j]).collect();
     let mut residual = kernel.diag(candidates);
     let floor = NEGLIGIBLE_VARIANCE * residual.amax().max(f64::MIN_POSITIVE);
+    // The residual kernel between every candidate and the scored ones.
+    let mut cross = kernel.matrix(candidates, &candidates.select_rows(&scored));
     // Row j of the partial factor, over all candidates.
     let mut factor = DMatrix::<f64>::zeros(m, n);
     let mut chosen = Vec::with_capacity(m);
     for j in 0..m {
-        let (pivot, &best) = residual
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-            .expect("at least one candidate");
-        if best <= floor {
+        let reduction = |i: usize| {
+            if residual[i] <= floor {
+                return f64::NEG_INFINITY;
+            }
+            let row = cross.row(i);
+            let sum: f64 = row.iter().zip(&scored_weights).map(|(r, w)| w * r * r).sum();
+            sum / residual[i]
+        };
+        let Some(pivot) = (0..n)
+            .map(|i| (i, reduction(i)))
+            .filter(|(_, r)| *r > f64::NEG_INFINITY)
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|(i, _)| i)
+        else {
             break;
-        }
+        };
         chosen.push(pivot);
         let k_pivot = kernel.matrix(&candidates.rows(pivot, 1).into_owned(), candidates);
-        let scale = best.sqrt();
+        let scale = residual[pivot].sqrt();
         for i in 0..n {
             let explained: f64 = (0..j).map(|t| factor[(t, pivot)] * factor[(t, i)]).sum();
             let value = (k_pivot[(0, i)] - explained) / scale;
@@ -39,11 +70,106 @@ pub fn pivoted_cholesky(kernel: &Kernel, candidates: &DMatrix<f64>, m: usize) ->
             residual[i] -= value * value;
         }
         residual[pivot] = 0.0;
+        for (s, &c) in scored.iter().enumerate() {
+            let v = factor[(j, c)];
+            for i in 0..n {
+                cross[(i, s)] -= factor[(j, i)] * v;
+            }
+        }
     }
     chosen
 }
 
-/// The rows of `candidates` chosen by [`pivoted_cholesky`].
+/// `m` rows of `candidates` chosen by [`pivoted_cholesky`], each standing for itself.
 pub fn select_inducing(kernel: &Kernel, candidates: &DMatrix<f64>, m: usize) -> DMatrix<f64> {
-    candidates.select_rows(&pivoted_cholesky(kernel, candidates, m))
+    let weights = vec![1.0; candidates.nrows()];
+    candidates.select_rows(&pivoted_cholesky(kernel, candidates, &weights, m))
+}
+
+/// Weights for candidates made of the current inducing inputs, standing for
+/// the `n_seen` points learned so far, then the rows of a new batch.
+pub fn past_and_batch_weights(m_old: usize, n_seen: u64, n_batch: usize) -> Vec<f64> {
+    let past = n_seen as f64 / m_old.max(1) as f64;
+    let mut weights = vec![past; m_old];
+    weights.resize(m_old + n_batch, 1.0);
+    weights
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kernel::Family;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// `Σ_j w_j (K − K_{·S} K_SS⁻¹ K_{S·})_jj`, computed directly.
+    fn weighted_residual_trace(kernel: &Kernel, x: &DMatrix<f64>, w: &[f64], chosen: &[usize]) -> f64 {
+        let k = kernel.matrix(x, x);
+        let ks = k.select_columns(chosen);
+        let kss = ks.select_rows(chosen);
+        let explained = &ks
+            * kss
+                .cholesky()
+                .expect("chosen rows are independent")
+                .solve(&ks.transpose());
+        (0..x.nrows()).map(|j| w[j] * (k[(j, j)] - explained[(j, j)])).sum()
+    }
+
+    /// Each pivot is the one candidate whose addition leaves the smallest
+    /// weighted residual trace (brute force over all candidates).
+    #[test]
+    fn each_pivot_reduces_the_weighted_residual_trace_the_most() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let x = DMatrix::from_fn(40, 3, |_, _| rng.random_range(-2.0..2.0));
+        let w: Vec<f64> = (0..40).map(|i| if i < 5 { 8.0 } else { 1.0 }).collect();
+        let kernel = Kernel::stationary(Family::Matern52, 1.3, vec![0.8, 1.5, 1.0]);
+        let chosen = pivoted_cholesky(&kernel, &x, &w, 6);
+        for j in 0..chosen.len() {
+            let best = (0..40)
+                .filter(|i| !chosen[..j].contains(i))
+                .map(|i| {
+                    let mut s = chosen[..j].to_vec();
+                    s.push(i);
+                    (i, weighted_residual_trace(&kernel, &x, &w, &s))
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .expect("candidates left");
+            let ours = weighted_residual_trace(&kernel, &x, &w, &chosen[..=j]);
+            assert!(
+                ours <= best.1 + 1e-9,
+                "pivot {j}: trace {ours} against {} at {}",
+                best.1,
+                best.0
+            );
+        }
+    }
+
+    /// A cloud of 200 points and 10 far outliers: the first five pivots are in
+    /// the cloud (largest-variance pivots would take an outlier second, then
+    /// the other nine).
+    #[test]
+    fn outliers_wait_while_the_data_have_variance_to_explain() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let x = DMatrix::from_fn(210, 2, |i, _| {
+            let v: f64 = rng.random_range(-1.0..1.0);
+            if i < 200 {
+                v
+            } else {
+                40.0 * (i as f64 - 199.0) + v
+            }
+        });
+        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
+        let chosen = pivoted_cholesky(&kernel, &x, &[1.0; 210], 5);
+        assert!(chosen.iter().all(|&i| i < 200), "{chosen:?}");
+    }
+
+    #[test]
+    fn duplicates_are_not_taken_twice() {
+        let x = DMatrix::from_row_slice(4, 1, &[0.0, 0.0, 1.0, 1.0]);
+        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
+        let mut chosen = pivoted_cholesky(&kernel, &x, &[1.0; 4], 4);
+        chosen.sort_unstable();
+        assert_eq!(chosen.len(), 2, "{chosen:?}");
+        assert_ne!(x[chosen[0]], x[chosen[1]]);
+    }
 }

@@ -23,6 +23,9 @@ pub enum MemoryPolicy {
     Reservoir { capacity: usize },
     /// `k` points per batch uniformly at random, kept forever (the paper's ablation).
     Random { k: usize },
+    /// At most `capacity` points over the whole stream, every point seen
+    /// equally likely to stay: the reservoir's ablation, BLS left out.
+    RandomReservoir { capacity: usize },
     /// No memory.
     None,
 }

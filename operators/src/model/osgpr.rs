@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use super::data::Data;
 use super::error::{ModelError, Result};
 use super::estep::{e_step_at, EStepConfig, PointSites};
-use super::inducing::{pivoted_cholesky, select_inducing};
+use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood, Predictive};
 use super::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed};
@@ -1004,7 +1004,8 @@ impl OsgprLearner {
             OsgprInducing::Fixed => return (post.z.clone(), false),
             OsgprInducing::Pivoted => {
                 let candidates = stack(&post.z, batch.x());
-                let mut chosen = pivoted_cholesky(&post.kernel, &candidates, m);
+                let weights = past_and_batch_weights(m_old, self.n_seen, batch.n());
+                let mut chosen = pivoted_cholesky(&post.kernel, &candidates, &weights, m);
                 chosen.sort_unstable();
                 chosen
             }

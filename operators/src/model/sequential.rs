@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::data::Data;
 use super::error::{ModelError, Result};
 use super::estep::EStepConfig;
-use super::inducing::{pivoted_cholesky, select_inducing};
+use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing};
 use super::kernel::Kernel;
 use super::likelihood::{Likelihood, Predictive};
 use super::memory::{top_k, Memory, MemoryPolicy};
@@ -359,7 +359,8 @@ impl SequentialLearner {
                 x[(i - m, j)]
             }
         });
-        let mut chosen = pivoted_cholesky(&post.kernel, &candidates, self.config.inducing);
+        let weights = past_and_batch_weights(m, self.n_seen, x.nrows());
+        let mut chosen = pivoted_cholesky(&post.kernel, &candidates, &weights, self.config.inducing);
         chosen.sort_unstable();
         if chosen.iter().copied().eq(0..m) {
             return Ok(false);
@@ -568,6 +569,7 @@ impl SequentialLearner {
             MemoryPolicy::PerBatch { k } => (true, Some(k)),
             MemoryPolicy::Random { k } => (false, Some(k)),
             MemoryPolicy::Reservoir { .. } => (true, None),
+            MemoryPolicy::RandomReservoir { .. } => (false, None),
         };
         let keys = if per_batch == Some(0) {
             Vec::new()
@@ -590,7 +592,7 @@ impl SequentialLearner {
                 let keep = top_k(&new, k).into_iter().map(|i| keys[i].0).collect();
                 (keep, old.map(|p| p.0).collect())
             }
-            (None, MemoryPolicy::Reservoir { capacity }) => {
+            (None, MemoryPolicy::Reservoir { capacity } | MemoryPolicy::RandomReservoir { capacity }) => {
                 let all: Vec<(PointId, f64)> = old.chain(keys.iter().copied()).collect();
                 let values: Vec<f64> = all.iter().map(|p| p.1).collect();
                 let is_new = |id: &PointId| keys.binary_search_by_key(id, |k| k.0).is_ok();
