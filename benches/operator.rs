@@ -42,6 +42,7 @@ fn learner() -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 100,
         inducing_policy: InducingPolicy::Fixed,
+        pivot: Default::default(),
         e_step: EStepConfig { steps: 1, rho: 1.0 },
         m_steps: 0,
         memory: MemoryPolicy::PerBatch { k: 10 },

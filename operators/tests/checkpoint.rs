@@ -47,6 +47,7 @@ fn learner() -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 15,
         inducing_policy: InducingPolicy::Pivoted,
+        pivot: Default::default(),
         e_step: EStepConfig { steps: 2, rho: 1.0 },
         m_steps: 5,
         m_rounds: 2,

@@ -68,6 +68,7 @@ fn learner(classes: bool) -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 12,
         inducing_policy: InducingPolicy::Pivoted,
+        pivot: Default::default(),
         e_step: EStepConfig { steps: 3, rho: 0.8 },
         m_steps: 4,
         m_rounds: 2,

@@ -53,6 +53,7 @@ fn learner() -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 12,
         inducing_policy: InducingPolicy::Pivoted,
+        pivot: Default::default(),
         e_step: EStepConfig { steps: 3, rho: 0.8 },
         m_steps: 5,
         m_rounds: 1,

@@ -31,6 +31,7 @@ fn adam_on_minibatches_and_lbfgs_on_the_full_batch_agree() {
         optimizer: Optimizer::Adam { lr: 0.05 },
         minibatch: Some(200),
         inducing: InducingUpdate::Fixed,
+        pivot: Default::default(),
         seed: 1,
     };
     let adam = fit_offline(kernel, lik, &train, 20, &adam_config).unwrap();

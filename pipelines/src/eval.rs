@@ -168,13 +168,22 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 &mut total,
                 &mut progress,
             )?;
-            let by_task = tasks.score(|t| learner.score(t))?;
+            let by_task = batches.last().map(|b| b.by_task.clone()).unwrap_or_default();
             (metrics, by_task, learner.hyperparameters())
         }
         Method::Offline => {
             let started = Instant::now();
             let m = settings.sequential.inducing;
-            let model = fit_offline(kernel, likelihood.clone(), &train, m, &OfflineConfig::default())?;
+            let model = fit_offline(
+                kernel,
+                likelihood.clone(),
+                &train,
+                m,
+                &OfflineConfig {
+                    pivot: settings.sequential.pivot,
+                    ..OfflineConfig::default()
+                },
+            )?;
             total = started.elapsed().as_secs_f64();
             let score = |t: &Data| {
                 Ok(dualgp_operators::model::evaluate(

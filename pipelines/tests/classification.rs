@@ -3,7 +3,7 @@
 //! at input dimensions in the hundreds.
 
 use dualgp_connectors::{shared_data, ColumnSpec, Table};
-use dualgp_operators::model::{Data, Likelihood, Metrics, SequentialLearner};
+use dualgp_operators::model::{Data, Likelihood, MemoryPolicy, Metrics, Pivot, SequentialLearner};
 use dualgp_pipelines::model_args::ModelArgs;
 use dualgp_pipelines::protocol::Standardizer;
 use nalgebra::{DMatrix, DVector};
@@ -44,7 +44,7 @@ fn softmax_learns_a_batch_as_well_as_bernoulli_at_high_dimension() {
     let (train, test) = two_clusters(200, 400, 400, 3);
     let bernoulli = learn_once("bernoulli", &train, &test);
     let acc = bernoulli.accuracy.expect("accuracy");
-    assert!(acc > 0.85, "the rows are separable: bernoulli reaches {acc}");
+    assert!(acc > 0.9, "the rows are separable: bernoulli reaches {acc}");
     // Two classes, and ten of which eight never occur.
     for classes in [2, 10] {
         let softmax = learn_once(&format!("softmax:{classes}"), &train, &test);
@@ -62,14 +62,15 @@ fn softmax_learns_a_batch_as_well_as_bernoulli_at_high_dimension() {
     }
 }
 
-/// The first `per_class` rows of each class of split Fashion-MNIST's tasks 0
-/// and 1 (train and test), standardised with the train rows' statistics.
-fn fashion_tasks(per_class: usize) -> [(Data, Data); 2] {
+/// The first `per_class` rows of each class of split Fashion-MNIST's first
+/// `T` tasks (train and test), standardised with the train rows' statistics.
+fn fashion_tasks<const T: usize>(per_class: usize) -> [(Data, Data); T] {
     let read = |name: &str| {
         let path = shared_data(name).unwrap_or_else(|e| panic!("{e}"));
         Table::read(path, &ColumnSpec::default()).expect("read data file")
     };
     let (train, test) = (read("split_fashion_train.parquet"), read("split_fashion_test.parquet"));
+    let classes: [[f64; 2]; T] = std::array::from_fn(|t| [2.0 * t as f64, 2.0 * t as f64 + 1.0]);
     let rows = |table: &Table, classes: [f64; 2]| -> Vec<usize> {
         let labels = table.labels.as_ref().expect("labels");
         classes
@@ -77,17 +78,14 @@ fn fashion_tasks(per_class: usize) -> [(Data, Data); 2] {
             .flat_map(|&c| (0..table.n()).filter(move |&i| labels[i] == c).take(per_class))
             .collect()
     };
-    let all: Vec<usize> = rows(&train, [0.0, 1.0])
-        .into_iter()
-        .chain(rows(&train, [2.0, 3.0]))
-        .collect();
+    let all: Vec<usize> = classes.iter().flat_map(|&c| rows(&train, c)).collect();
     let scaling = Standardizer::fit(&train.select(&all).features, None);
     let data = |table: &Table, rows: Vec<usize>| {
         let part = table.select(&rows);
         let labels = DVector::from_vec(part.labels.clone().expect("labels"));
         Data::new(scaling.transform_x(&part.features), labels).expect("finite rows")
     };
-    [[0.0, 1.0], [2.0, 3.0]].map(|classes| (data(&train, rows(&train, classes)), data(&test, rows(&test, classes))))
+    classes.map(|c| (data(&train, rows(&train, c)), data(&test, rows(&test, c))))
 }
 
 #[test]
@@ -95,7 +93,7 @@ fn a_new_task_is_learned_with_hyperparameters_fixed() {
     // Task 1's classes start far below task 0's wherever the images look
     // alike (p ≈ 10⁻³: α̂ ≈ 1, β̂ ≈ p); summed over a batch, their sites once
     // moved the posterior by hundreds and the E-step diverged.
-    let [(train0, _), (train1, test1)] = fashion_tasks(150);
+    let [(train0, _), (train1, test1)] = fashion_tasks::<2>(150);
     let mut settings = ModelArgs::default().settings().expect("default settings");
     settings.sequential.m_steps = 0;
     settings.sequential.inducing = 50;
@@ -118,4 +116,31 @@ fn a_new_task_is_learned_with_hyperparameters_fixed() {
         assert!(accuracy > 0.85, "{steps} E-steps: task 1 accuracy {accuracy}");
         assert!(largest < 30.0, "{steps} E-steps: a latent mean reached {largest}");
     }
+}
+
+/// Three tasks, θ fixed, no memory: what the first task keeps rests on the
+/// inducing inputs the later ones leave it. Pivots on the largest residual
+/// variance (`Pivot::Variance`, the default) drift to the outlying images (a
+/// pixel beyond 20 sd) and task 0 scores 0.01 after task 2; trace-reducing
+/// pivots keep 0.61 (0.41 and 0.99 on tasks 1 and 2).
+#[test]
+fn inducing_inputs_that_move_keep_what_old_tasks_taught() {
+    let tasks = fashion_tasks::<3>(150);
+    let mut settings = ModelArgs::default().settings().expect("default settings");
+    settings.sequential.m_steps = 0;
+    settings.sequential.inducing = 50;
+    settings.sequential.memory = MemoryPolicy::None;
+    settings.sequential.pivot = Pivot::Trace;
+    let likelihood = Likelihood::parse("softmax:10").expect("likelihood");
+    let mut learner =
+        SequentialLearner::new(settings.kernel(tasks[0].0.d()), likelihood, settings.sequential).expect("learner");
+    for (train, _) in &tasks {
+        learner.update(train).expect("task");
+    }
+    let accuracy = learner
+        .evaluate(&tasks[0].1)
+        .expect("evaluate")
+        .accuracy
+        .expect("accuracy");
+    assert!(accuracy > 0.4, "task 0 accuracy {accuracy} after tasks 1 and 2");
 }

@@ -12,8 +12,20 @@
 //! point's that of its neighbours as well.
 
 use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
 
 use super::kernel::Kernel;
+
+/// How the next pivot is chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pivot {
+    /// The largest residual variance `R_ii` (Burt et al.; the weights are unused).
+    #[default]
+    Variance,
+    /// The largest reduction of `Σ_j w_j R_jj`.
+    Trace,
+}
 
 /// Residual variance below which a candidate adds nothing (relative to the prior).
 const NEGLIGIBLE_VARIANCE: f64 = 1e-12;
@@ -30,11 +42,20 @@ const MAX_SCORED: usize = 1024;
 ///
 /// # Panics
 /// If `weights` does not have one entry per candidate.
-pub fn pivoted_cholesky(kernel: &Kernel, candidates: &DMatrix<f64>, weights: &[f64], m: usize) -> Vec<usize> {
+pub fn pivoted_cholesky(
+    kernel: &Kernel,
+    candidates: &DMatrix<f64>,
+    weights: &[f64],
+    m: usize,
+    pivot_by: Pivot,
+) -> Vec<usize> {
     let n = candidates.nrows();
     assert_eq!(weights.len(), n, "one weight per candidate");
     let m = m.min(n);
-    let scored: Vec<usize> = (0..n).step_by(n.div_ceil(MAX_SCORED).max(1)).collect();
+    let scored: Vec<usize> = match pivot_by {
+        Pivot::Variance => Vec::new(),
+        Pivot::Trace => (0..n).step_by(n.div_ceil(MAX_SCORED).max(1)).collect(),
+    };
     let scored_weights: Vec<f64> = scored.iter().map(|&j| weights[j]).collect();
     let mut residual = kernel.diag(candidates);
     let floor = NEGLIGIBLE_VARIANCE * residual.amax().max(f64::MIN_POSITIVE);
@@ -47,6 +68,9 @@ pub fn pivoted_cholesky(kernel: &Kernel, candidates: &DMatrix<f64>, weights: &[f
         let reduction = |i: usize| {
             if residual[i] <= floor {
                 return f64::NEG_INFINITY;
+            }
+            if pivot_by == Pivot::Variance {
+                return residual[i];
             }
             let row = cross.row(i);
             let sum: f64 = row.iter().zip(&scored_weights).map(|(r, w)| w * r * r).sum();
@@ -81,9 +105,9 @@ pub fn pivoted_cholesky(kernel: &Kernel, candidates: &DMatrix<f64>, weights: &[f
 }
 
 /// `m` rows of `candidates` chosen by [`pivoted_cholesky`], each standing for itself.
-pub fn select_inducing(kernel: &Kernel, candidates: &DMatrix<f64>, m: usize) -> DMatrix<f64> {
+pub fn select_inducing(kernel: &Kernel, candidates: &DMatrix<f64>, m: usize, pivot_by: Pivot) -> DMatrix<f64> {
     let weights = vec![1.0; candidates.nrows()];
-    candidates.select_rows(&pivoted_cholesky(kernel, candidates, &weights, m))
+    candidates.select_rows(&pivoted_cholesky(kernel, candidates, &weights, m, pivot_by))
 }
 
 /// Weights for candidates made of the current inducing inputs, standing for
@@ -123,7 +147,7 @@ mod tests {
         let x = DMatrix::from_fn(40, 3, |_, _| rng.random_range(-2.0..2.0));
         let w: Vec<f64> = (0..40).map(|i| if i < 5 { 8.0 } else { 1.0 }).collect();
         let kernel = Kernel::stationary(Family::Matern52, 1.3, vec![0.8, 1.5, 1.0]);
-        let chosen = pivoted_cholesky(&kernel, &x, &w, 6);
+        let chosen = pivoted_cholesky(&kernel, &x, &w, 6, Pivot::Trace);
         for j in 0..chosen.len() {
             let best = (0..40)
                 .filter(|i| !chosen[..j].contains(i))
@@ -159,17 +183,21 @@ mod tests {
             }
         });
         let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
-        let chosen = pivoted_cholesky(&kernel, &x, &[1.0; 210], 5);
+        let chosen = pivoted_cholesky(&kernel, &x, &[1.0; 210], 5, Pivot::Trace);
         assert!(chosen.iter().all(|&i| i < 200), "{chosen:?}");
+        let by_variance = pivoted_cholesky(&kernel, &x, &[1.0; 210], 5, Pivot::Variance);
+        assert!(by_variance.iter().any(|&i| i >= 200), "{by_variance:?}");
     }
 
     #[test]
     fn duplicates_are_not_taken_twice() {
         let x = DMatrix::from_row_slice(4, 1, &[0.0, 0.0, 1.0, 1.0]);
         let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
-        let mut chosen = pivoted_cholesky(&kernel, &x, &[1.0; 4], 4);
-        chosen.sort_unstable();
-        assert_eq!(chosen.len(), 2, "{chosen:?}");
-        assert_ne!(x[chosen[0]], x[chosen[1]]);
+        for pivot in [Pivot::Variance, Pivot::Trace] {
+            let mut chosen = pivoted_cholesky(&kernel, &x, &[1.0; 4], 4, pivot);
+            chosen.sort_unstable();
+            assert_eq!(chosen.len(), 2, "{chosen:?}");
+            assert_ne!(x[chosen[0]], x[chosen[1]]);
+        }
     }
 }

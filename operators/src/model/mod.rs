@@ -27,6 +27,7 @@ pub mod trainer;
 pub use data::Data;
 pub use error::ModelError;
 pub use estep::{EStepConfig, PointSites};
+pub use inducing::Pivot;
 pub use kernel::{Family, Kernel};
 pub use likelihood::{Likelihood, Link, Predictive};
 pub use memory::{bayesian_leverage_scores, MemoryPolicy};

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use super::data::Data;
 use super::error::{ModelError, Result};
 use super::estep::{e_step_at, EStepConfig, PointSites};
-use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing};
+use super::inducing::{pivoted_cholesky, select_inducing, Pivot};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood, Predictive};
 use super::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed};
@@ -993,7 +993,7 @@ impl OsgprLearner {
     fn choose_inducing(&self, batch: &Data, rng: &mut ChaCha8Rng) -> (DMatrix<f64>, bool) {
         let m = self.config.inducing;
         let post = match &self.posterior {
-            None => return (select_inducing(self.kernel(), batch.x(), m), true),
+            None => return (select_inducing(self.kernel(), batch.x(), m, Pivot::Variance), true),
             Some(post) => post,
         };
         if self.batches == 0 {
@@ -1004,8 +1004,8 @@ impl OsgprLearner {
             OsgprInducing::Fixed => return (post.z.clone(), false),
             OsgprInducing::Pivoted => {
                 let candidates = stack(&post.z, batch.x());
-                let weights = past_and_batch_weights(m_old, self.n_seen, batch.n());
-                let mut chosen = pivoted_cholesky(&post.kernel, &candidates, &weights, m);
+                let weights = vec![1.0; candidates.nrows()];
+                let mut chosen = pivoted_cholesky(&post.kernel, &candidates, &weights, m, Pivot::Variance);
                 chosen.sort_unstable();
                 chosen
             }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::data::Data;
 use super::error::{ModelError, Result};
 use super::estep::EStepConfig;
-use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing};
+use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
 use super::kernel::Kernel;
 use super::likelihood::{Likelihood, Predictive};
 use super::memory::{top_k, Memory, MemoryPolicy};
@@ -55,6 +55,9 @@ pub struct SequentialConfig {
     /// Number of inducing inputs `m`.
     pub inducing: usize,
     pub inducing_policy: InducingPolicy,
+    /// How pivoted Cholesky picks the inducing inputs (checkpoints before it: variance).
+    #[serde(default)]
+    pub pivot: Pivot,
     pub e_step: EStepConfig,
     /// Adam steps or L-BFGS iterations on the hyperparameters per round
     /// (0: hyperparameters fixed).
@@ -87,6 +90,7 @@ impl Default for SequentialConfig {
         SequentialConfig {
             inducing: 100,
             inducing_policy: InducingPolicy::Pivoted,
+            pivot: Pivot::Variance,
             e_step: EStepConfig::default(),
             m_steps: 20,
             m_rounds: 1,
@@ -278,7 +282,7 @@ impl SequentialLearner {
         let x = DMatrix::from_fn(arrivals.len(), arrivals[0].1.len(), |i, j| arrivals[i].1[j]);
         if self.posterior.is_none() {
             self.kernel.validate(x.ncols())?;
-            let z = select_inducing(&self.kernel, &x, self.config.inducing);
+            let z = select_inducing(&self.kernel, &x, self.config.inducing, self.config.pivot);
             self.init(z)?;
         }
 
@@ -360,7 +364,13 @@ impl SequentialLearner {
             }
         });
         let weights = past_and_batch_weights(m, self.n_seen, x.nrows());
-        let mut chosen = pivoted_cholesky(&post.kernel, &candidates, &weights, self.config.inducing);
+        let mut chosen = pivoted_cholesky(
+            &post.kernel,
+            &candidates,
+            &weights,
+            self.config.inducing,
+            self.config.pivot,
+        );
         chosen.sort_unstable();
         if chosen.iter().copied().eq(0..m) {
             return Ok(false);

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::data::Data;
 use super::error::{ModelError, Result};
 use super::estep::{e_step, EStepConfig, PointSites};
-use super::inducing::select_inducing;
+use super::inducing::{select_inducing, Pivot};
 use super::likelihood::Likelihood;
 use super::objective::{hyperparameters, m_step_objective, set_hyperparameters, Objective};
 use super::optim::{lbfgs_maximize, Adam, Optimizer};
@@ -40,6 +40,9 @@ pub struct OfflineConfig {
     pub minibatch: Option<usize>,
     /// How the inducing inputs move after the pivoted-Cholesky start.
     pub inducing: InducingUpdate,
+    /// How pivoted Cholesky picks the starting inducing inputs.
+    #[serde(default)]
+    pub pivot: Pivot,
     pub seed: u64,
 }
 
@@ -52,6 +55,7 @@ impl Default for OfflineConfig {
             optimizer: Optimizer::Lbfgs { history: 10 },
             minibatch: None,
             inducing: InducingUpdate::Optimized,
+            pivot: Pivot::Variance,
             seed: 0,
         }
     }
@@ -82,7 +86,7 @@ pub fn fit_offline(
     }
     kernel.validate(data.d())?;
     data.check(data.d(), &likelihood)?;
-    let z = select_inducing(&kernel, data.x(), m);
+    let z = select_inducing(&kernel, data.x(), m, config.pivot);
     let posterior = DualPosterior::new(kernel, z, likelihood.n_latent())?;
     let sites = PointSites::zeros(data.n(), likelihood.n_latent());
     let mut model = OfflineModel {
@@ -103,7 +107,7 @@ pub fn fit_offline(
         model.objective.push(value);
         if config.inducing == InducingUpdate::Pivoted {
             let m = model.posterior.m();
-            model.posterior.z = select_inducing(&model.posterior.kernel, data.x(), m);
+            model.posterior.z = select_inducing(&model.posterior.kernel, data.x(), m, config.pivot);
         }
     }
     model.rebuild_totals(data)?;
