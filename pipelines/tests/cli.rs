@@ -17,6 +17,29 @@ fn report_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("dualgp-cli-{}-{name}.json", std::process::id()))
 }
 
+/// `dualgp eval` on the shared files `train` and `test` with `flags`; the report it wrote.
+fn eval_report(train: &str, test: &str, likelihood: &str, flags: &[&str]) -> serde_json::Value {
+    let report = report_path(&format!("{train}-{likelihood}"));
+    let (train, test) = (data(train), data(test));
+    let mut args = vec![
+        "eval",
+        "--data",
+        &train,
+        "--test",
+        &test,
+        "--likelihood",
+        likelihood,
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    args.extend_from_slice(flags);
+    let out = dualgp(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    std::fs::remove_file(report).ok();
+    json
+}
+
 #[test]
 fn demo_fits_the_generated_field_to_its_noise_level() {
     let plots = tempfile::tempdir().unwrap();
@@ -51,26 +74,8 @@ fn demo_fits_the_generated_field_to_its_noise_level() {
 
 #[test]
 fn eval_writes_the_report_contract_for_banana() {
-    let report = report_path("banana");
-    let out = dualgp(&[
-        "eval",
-        "--data",
-        &data("banana_train"),
-        "--test",
-        &data("banana_test"),
-        "--likelihood",
-        "bernoulli",
-        "--batches",
-        "4",
-        "--inducing",
-        "20",
-        "--m-steps",
-        "5",
-        "--report",
-        report.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let flags = ["--batches", "4", "--inducing", "20", "--m-steps", "5"];
+    let json = eval_report("banana_train", "banana_test", "bernoulli", &flags);
     assert_eq!(json["method"], "dual-memory");
     assert_eq!(json["likelihood"], "bernoulli");
     let batches = json["batches"].as_array().unwrap();
@@ -91,7 +96,6 @@ fn eval_writes_the_report_contract_for_banana() {
     assert!(json["final"]["seconds_total"].as_f64().unwrap() > 0.0);
     let lengthscale = &json["final"]["hyperparameters"]["matern52.lengthscale[0]"];
     assert!(lengthscale.as_f64().is_some_and(|l| l > 0.0), "{}", json["final"]);
-    std::fs::remove_file(report).ok();
 }
 
 /// Split Fashion-MNIST's test file has a `task` column (400 rows each):
@@ -99,28 +103,8 @@ fn eval_writes_the_report_contract_for_banana() {
 /// with equal task sizes their means are the overall figures.
 #[test]
 fn eval_reports_each_task_of_a_continual_stream_after_every_batch() {
-    let report = report_path("split");
-    let out = dualgp(&[
-        "eval",
-        "--data",
-        &data("split_fashion_train"),
-        "--test",
-        &data("split_fashion_test"),
-        "--likelihood",
-        "softmax:10",
-        "--batches",
-        "5",
-        "--inducing",
-        "10",
-        "--e-steps",
-        "1",
-        "--m-steps",
-        "0",
-        "--report",
-        report.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let flags = ["--batches", "5", "--inducing", "10", "--e-steps", "1", "--m-steps", "0"];
+    let json = eval_report("split_fashion_train", "split_fashion_test", "softmax:10", &flags);
     let entries = json["batches"].as_array().unwrap().iter().chain([&json["final"]]);
     for entry in entries {
         for (by_task, overall) in [
@@ -137,20 +121,11 @@ fn eval_reports_each_task_of_a_continual_stream_after_every_batch() {
             assert!((mean - overall).abs() < 1e-9, "{by_task} mean {mean} against {overall}");
         }
     }
-    std::fs::remove_file(report).ok();
 }
 
 #[test]
 fn eval_osgpr_learns_banana_batch_by_batch() {
-    let report = report_path("banana-osgpr");
-    let out = dualgp(&[
-        "eval",
-        "--data",
-        &data("banana_train"),
-        "--test",
-        &data("banana_test"),
-        "--likelihood",
-        "bernoulli",
+    let flags = [
         "--method",
         "osgpr",
         "--batches",
@@ -159,11 +134,8 @@ fn eval_osgpr_learns_banana_batch_by_batch() {
         "20",
         "--m-steps",
         "20",
-        "--report",
-        report.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    ];
+    let json = eval_report("banana_train", "banana_test", "bernoulli", &flags);
     assert_eq!(json["method"], "osgpr");
     let batches = json["batches"].as_array().unwrap();
     assert_eq!(batches.len(), 4);
@@ -182,7 +154,6 @@ fn eval_osgpr_learns_banana_batch_by_batch() {
         accuracy >= 0.87 && nlpd <= 0.30,
         "banana osgpr: accuracy {accuracy}, NLPD {nlpd}"
     );
-    std::fs::remove_file(report).ok();
 }
 
 #[test]
