@@ -105,3 +105,40 @@ fn with_all_past_data_in_memory_the_class_incremental_stream_equals_batch_traini
         assert_eq!(learner.memory.len(), seen.n());
     }
 }
+
+/// The E-step's bound after `steps` damped steps from zero sites.
+fn bound_after(steps: usize, kernel: &Kernel, data: &Data, z: &DMatrix<f64>) -> f64 {
+    let mut post = DualPosterior::new(kernel.clone(), z.clone(), CLASSES).unwrap();
+    let mut sites = PointSites::zeros(data.n(), CLASSES);
+    e_step(
+        &mut post,
+        &softmax(),
+        data,
+        &mut sites,
+        &EStepConfig { steps, rho: 0.9 },
+    )
+    .unwrap();
+    dualgp_operators::model::objective::m_step_objective(&post, &softmax(), data, None)
+        .unwrap()
+        .value
+}
+
+#[test]
+fn the_e_step_settles_while_later_classes_have_no_data() {
+    // The first task alone: four of the six latents see no point of their
+    // class, and every point pushes them down. With a large prior variance
+    // (where the M-step takes a softmax), undamped-enough steps let those
+    // sites collapse and rebuild in a cycle; the bound must settle instead.
+    let (train, _) = tasks(50, 11);
+    let first = task(&train, 0);
+    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
+    let z = first.x().rows(0, 40).into_owned();
+    let bounds: Vec<f64> = (30..=36).map(|steps| bound_after(steps, &kernel, &first, &z)).collect();
+    let spread =
+        bounds.iter().copied().fold(f64::NEG_INFINITY, f64::max) - bounds.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(spread < 0.1, "the bound after 30..36 steps: {bounds:?}");
+    assert!(
+        bound_after(3, &kernel, &first, &z) < bounds[0],
+        "later steps raised the bound"
+    );
+}

@@ -13,6 +13,7 @@ use super::data::Data;
 use super::error::{ModelError, Result};
 use super::likelihood::{Expectation, Likelihood};
 use super::linalg::{add_weighted_gram, symmetrize};
+use super::objective::expected_log_message;
 use super::posterior::{Cross, DualPosterior, Sites};
 
 /// `β̂` is clipped from below so that every site stays a valid precision.
@@ -161,6 +162,14 @@ pub fn e_step(
 
 /// [`e_step`] with the kernel quantities at `data` already computed (they
 /// stay valid while the kernel and `Z` do); the caller has checked `data`.
+///
+/// Each step must raise the E-step's objective, the bound
+/// `Σ_i E_q[log p(y_i|f_i)] + E_q[log t(u)] − KL[q ‖ p]` with `t` what the rest
+/// of the totals say: when a step lowered it, the sites go back to where they
+/// were and the damping is halved. Undamped fixed-point steps can cycle: a
+/// softmax latent with no data of its class is pushed down by every point
+/// (α̂ = −p), whose sites then lose their precision (β̂ ≈ p ≈ 0) and release
+/// it; on split Fashion that cycle kept the bound from settling.
 pub fn e_step_at(
     post: &mut DualPosterior,
     likelihood: &Likelihood,
@@ -169,19 +178,92 @@ pub fn e_step_at(
     sites: &mut PointSites,
     config: &EStepConfig,
 ) -> Result<()> {
+    if likelihood.is_conjugate() {
+        // One undamped step is exact; no step can overshoot.
+        for _ in 0..config.steps {
+            let (_, change) = site_update(post, likelihood, data, cross, sites, config.rho);
+            for (totals, change) in post.whitened.iter_mut().zip(&change) {
+                totals.add(change, 1.0);
+            }
+            post.refresh_sites()?;
+        }
+        return Ok(());
+    }
+    let others = without(&post.whitened, &sites.totals(&cross.a));
+    let mut guard = Backtracking::new(config.rho);
     for _ in 0..config.steps {
-        let change = site_update(post, likelihood, data, cross, sites, config.rho);
-        for (totals, change) in post.whitened.iter_mut().zip(&change) {
-            totals.add(change, 1.0);
+        let start = (sites.clone(), post.whitened.clone());
+        let (expected, change) = site_step(post, likelihood, data, cross, sites, guard.rho());
+        if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
+            *sites = back_sites;
+            post.whitened = back_totals;
+        } else {
+            for (totals, change) in post.whitened.iter_mut().zip(&change.totals(&cross.a)) {
+                totals.add(change, 1.0);
+            }
         }
         post.refresh_sites()?;
     }
     Ok(())
 }
 
+/// `totals − part`, latent by latent: what the rest of the data says.
+pub fn without(totals: &[Sites], part: &[Sites]) -> Vec<Sites> {
+    let mut rest = totals.to_vec();
+    for (rest, part) in rest.iter_mut().zip(part) {
+        rest.add(part, -1.0);
+    }
+    rest
+}
+
+/// The E-step's objective at the posterior's state, given the points'
+/// `Σ_i E_q[log p(y_i|f_i)]` there and the `others`' sites.
+pub fn bound(post: &DualPosterior, expected: f64, others: &[Sites]) -> f64 {
+    expected + expected_log_message(post, others) - post.kl()
+}
+
+/// Keeps E-steps from lowering their bound: every step starts from a state
+/// whose bound is known once the step's expectations are in; a state below
+/// the one before it sends the sites back there, and the damping halves.
+#[derive(Debug, Clone)]
+pub struct Backtracking<S> {
+    rho: f64,
+    /// The bound of the last state kept, and that state.
+    kept: Option<(f64, S)>,
+}
+
+impl<S> Backtracking<S> {
+    pub fn new(rho: f64) -> Self {
+        Backtracking { rho, kept: None }
+    }
+
+    /// The damping of the next step.
+    pub fn rho(&self) -> f64 {
+        self.rho
+    }
+
+    /// `bound` is that of `start`, the state the step just taken left. `None`:
+    /// keep the step (and remember `start`); otherwise the state to return to.
+    pub fn check(&mut self, bound: f64, start: S) -> Option<S> {
+        if let Some((kept, _)) = &self.kept {
+            if bound < kept - BOUND_TOLERANCE * kept.abs().max(1.0) {
+                self.rho *= 0.5;
+                // Back there, its step is taken again, shorter, and its bound told again.
+                return self.kept.take().map(|(_, state)| state);
+            }
+        }
+        self.kept = Some((bound, start));
+        None
+    }
+}
+
+/// A step lowered the bound only beyond rounding.
+const BOUND_TOLERANCE: f64 = 1e-12;
+
 /// One damped update of the sites of `data`'s points (kernel quantities
-/// `cross`); returns the change of their contribution to the totals. Shares
-/// of points update independently and their changes add up.
+/// `cross`); returns their `Σ_i E_q[log p(y_i|f_i)]` before it and the change
+/// of their contribution to the totals. Shares of points update
+/// independently; both add up.
 pub fn site_update(
     post: &DualPosterior,
     likelihood: &Likelihood,
@@ -189,11 +271,13 @@ pub fn site_update(
     cross: &Cross,
     sites: &mut PointSites,
     rho: f64,
-) -> Vec<Sites> {
-    site_step(post, likelihood, data, cross, sites, rho).totals(&cross.a)
+) -> (f64, Vec<Sites>) {
+    let (expected, change) = site_step(post, likelihood, data, cross, sites, rho);
+    (expected, change.totals(&cross.a))
 }
 
-/// One damped update of every point's sites; returns the changes.
+/// One damped update of every point's sites; returns `Σ_i E_q[log p(y_i|f_i)]`
+/// before the update, and the changes.
 fn site_step(
     post: &DualPosterior,
     likelihood: &Likelihood,
@@ -201,13 +285,15 @@ fn site_step(
     cross: &Cross,
     sites: &mut PointSites,
     rho: f64,
-) -> PointSites {
+) -> (f64, PointSites) {
     let n_latent = post.n_latent();
     let marginals = post.marginals(cross);
     let mut change = PointSites::zeros(data.n(), n_latent);
+    let mut expected = 0.0;
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
+        expected += e.value;
         for (c, (&mean_c, &var_c)) in mean.iter().zip(var).enumerate() {
             let (s1_old, s2_old) = (sites.s1[(i, c)], sites.s2[(i, c)]);
             let previous = (s2_old > 0.0).then(|| s1_old / s2_old);
@@ -221,5 +307,5 @@ fn site_step(
             sites.s2[(i, c)] = s2;
         }
     });
-    change
+    (expected, change)
 }

@@ -173,6 +173,17 @@ pub struct Cross {
     pub residual_var: DVector<f64>,
 }
 
+impl Cross {
+    /// The quantities of the points at `rows`.
+    pub fn select(&self, rows: &[usize]) -> Cross {
+        Cross {
+            kzx: self.kzx.select_columns(rows),
+            a: self.a.select_columns(rows),
+            residual_var: self.residual_var.select_rows(rows),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DualPosterior {
     pub kernel: Kernel,

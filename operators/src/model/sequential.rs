@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::error::{ModelError, Result};
-use super::estep::EStepConfig;
+use super::estep::{bound, without, Backtracking, EStepConfig};
 use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
 use super::kernel::Kernel;
 use super::likelihood::{Likelihood, Predictive};
@@ -397,15 +397,42 @@ impl SequentialLearner {
         self.e_steps(shards, self.config.e_step).await
     }
 
-    /// Damped site updates over the batch and the memory.
+    /// Damped site updates over the batch and the memory, none lowering the
+    /// E-step's bound (see [`e_step_at`](super::estep::e_step_at)).
     async fn e_steps(&mut self, shards: &mut impl Shards, e_step: EStepConfig) -> Result<()> {
+        let checked = !self.likelihood.is_conjugate();
+        let others = if checked {
+            let here = self
+                .totals(shards, Query::Contribution { model: self.current() })
+                .await?;
+            without(&self.require()?.whitened, &here)
+        } else {
+            Vec::new()
+        };
+        let mut guard = Backtracking::new(e_step.rho);
         for _ in 0..e_step.steps {
+            let start = self.require()?.whitened.clone();
             let query = Query::EStep {
                 model: self.current(),
-                rho: e_step.rho,
+                rho: guard.rho(),
             };
-            let change = self.totals(shards, query).await?;
-            self.add_to_totals(&change)?;
+            let step = match shards.ask(query).await {
+                Answer::Step(s) => s.total(),
+                Answer::Nothing => return Ok(()),
+                other => return Err(unexpected("an E-step", &other)),
+            };
+            let post = self.posterior.as_mut().expect("initialised");
+            match checked
+                .then(|| guard.check(bound(post, step.expected, &others), start))
+                .flatten()
+            {
+                Some(back) => {
+                    shards.ask(Query::Restore).await;
+                    post.whitened = back;
+                    post.refresh_sites()?;
+                }
+                None => self.add_to_totals(&step.change)?,
+            }
         }
         Ok(())
     }

@@ -75,8 +75,12 @@ pub enum Query {
     /// Start from zero sites on the batch and the memory points this shard
     /// owns, under `model`.
     Begin { model: Snapshot, memory: Vec<MemoryPoint> },
-    /// One damped E-step: the change of the points' contribution to the totals.
+    /// One damped E-step: the points' expected log-likelihood before it, and
+    /// the change of their contribution to the totals.
     EStep { model: Snapshot, rho: f64 },
+    /// Undo the last E-step and the one before it: back to the sites the
+    /// step before last started from (see [`Backtracking`](super::estep::Backtracking)).
+    Restore,
     /// The data terms of the M-step objective, memory terms weighted.
     Gradient { model: Snapshot, memory_weight: f64 },
     /// The points' contribution to the totals, with the columns their sites
@@ -102,6 +106,7 @@ pub enum Answer {
     /// Ids and inputs of the batch's records, in id order.
     Arrivals(Vec<(PointId, Vec<f64>)>),
     Totals(BlockSums<Vec<Sites>>),
+    Step(BlockSums<SiteStep>),
     Terms(BlockSums<DataTerms>),
     Keys(Vec<(PointId, f64)>),
     Memory(Vec<MemoryPoint>),
@@ -120,6 +125,7 @@ impl Answer {
                 Answer::Arrivals(a)
             }
             (Answer::Totals(a), Answer::Totals(b)) => Answer::Totals(a.merge(b)),
+            (Answer::Step(a), Answer::Step(b)) => Answer::Step(a.merge(b)),
             (Answer::Terms(a), Answer::Terms(b)) => Answer::Terms(a.merge(b)),
             (Answer::Keys(mut a), Answer::Keys(b)) => {
                 a.extend(b);
@@ -146,6 +152,21 @@ impl Summand for Vec<Sites> {
         for (a, b) in self.iter_mut().zip(other) {
             a.add(b, 1.0);
         }
+    }
+}
+
+/// One E-step of some points: `Σ_i E_q[log p(y_i|f_i)]` at the sites it
+/// started from, and the change of their contribution to the totals.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SiteStep {
+    pub expected: f64,
+    pub change: Vec<Sites>,
+}
+
+impl Summand for SiteStep {
+    fn add(&mut self, other: &Self) {
+        self.expected += other.expected;
+        self.change.add(&other.change);
     }
 }
 
@@ -253,7 +274,7 @@ impl Query {
             | Query::Recolumn { model }
             | Query::Keys { model, .. }
             | Query::Finish { model, .. } => Some(model),
-            Query::Arrivals => None,
+            Query::Arrivals | Query::Restore => None,
         }
     }
 }
@@ -274,6 +295,8 @@ struct Block {
     /// The kernel columns the sites were added to the totals with.
     columns: Option<Columns>,
     sites: PointSites,
+    /// The sites the last E-step and the one before it started from.
+    step_starts: [PointSites; 2],
     keys: Vec<f64>,
 }
 
@@ -324,6 +347,7 @@ impl Block {
             points: None,
             columns: None,
             sites: PointSites::zeros(0, 0),
+            step_starts: [PointSites::zeros(0, 0), PointSites::zeros(0, 0)],
             keys: Vec::new(),
         }
     }
@@ -341,17 +365,27 @@ impl Block {
             Query::EStep { model, rho } => match (&self.points, &self.columns) {
                 (Some(points), Some(columns)) => {
                     debug_assert!(columns.are_under(&model.posterior), "E-steps follow Begin or Recolumn");
-                    totals(site_update(
+                    let [before_last, last] = &mut self.step_starts;
+                    std::mem::swap(before_last, last);
+                    last.clone_from(&self.sites);
+                    let (expected, change) = site_update(
                         &model.posterior,
                         &model.likelihood,
                         points,
                         &columns.cross,
                         &mut self.sites,
                         *rho,
-                    ))
+                    );
+                    Answer::Step(BlockSums::one(self.block, SiteStep { expected, change }))
                 }
                 _ => Answer::Nothing,
             },
+            Query::Restore => {
+                let [before_last, last] = &mut self.step_starts;
+                self.sites.clone_from(before_last);
+                last.clone_from(before_last);
+                Answer::Nothing
+            }
             Query::Gradient { model, memory_weight } => match &self.points {
                 Some(points) => {
                     let n_batch = self.n_batch();

@@ -10,12 +10,12 @@ use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::error::{ModelError, Result};
-use super::estep::{e_step, EStepConfig, PointSites};
+use super::estep::{e_step_at, EStepConfig, PointSites};
 use super::inducing::{select_inducing, Pivot};
 use super::likelihood::Likelihood;
-use super::objective::{hyperparameters, m_step_objective, set_hyperparameters, Objective};
+use super::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms, Objective};
 use super::optim::{lbfgs_maximize, Adam, Optimizer};
-use super::posterior::DualPosterior;
+use super::posterior::{Cross, DualPosterior};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -86,6 +86,7 @@ pub fn fit_offline(
     }
     kernel.validate(data.d())?;
     data.check(data.d(), &likelihood)?;
+    config.e_step.validate()?;
     let z = select_inducing(&kernel, data.x(), m, config.pivot);
     let posterior = DualPosterior::new(kernel, z, likelihood.n_latent())?;
     let sites = PointSites::zeros(data.n(), likelihood.n_latent());
@@ -101,8 +102,8 @@ pub fn fit_offline(
         Optimizer::Lbfgs { .. } => None,
     };
     for _ in 0..config.rounds {
-        model.rebuild_totals(data)?;
-        model.e_step(data, config, &mut rng)?;
+        let cross = model.rebuild_totals(data)?;
+        model.e_step(data, &cross, config, &mut rng)?;
         let value = model.m_step(data, config, adam.as_mut(), &mut rng)?;
         model.objective.push(value);
         if config.inducing == InducingUpdate::Pivoted {
@@ -110,37 +111,41 @@ pub fn fit_offline(
             model.posterior.z = select_inducing(&model.posterior.kernel, data.x(), m, config.pivot);
         }
     }
-    model.rebuild_totals(data)?;
-    model.e_step(data, config, &mut rng)?;
+    let cross = model.rebuild_totals(data)?;
+    model.e_step(data, &cross, config, &mut rng)?;
     Ok(model)
 }
 
 impl OfflineModel {
     /// Sets the totals to the training points' sites under the current kernel
-    /// and `Z` (the E-step's precondition after an M-step or a move of `Z`).
-    fn rebuild_totals(&mut self, data: &Data) -> Result<()> {
+    /// and `Z` (the E-step's precondition after an M-step or a move of `Z`);
+    /// returns the kernel quantities at the data, valid until `θ` or `Z` move.
+    fn rebuild_totals(&mut self, data: &Data) -> Result<Cross> {
         self.posterior.refresh()?;
-        let a = self.posterior.cross(data.x()).a;
-        self.posterior.whitened = self.sites.totals(&a);
-        self.posterior.refresh_sites()
+        let cross = self.posterior.cross(data.x());
+        self.posterior.whitened = self.sites.totals(&cross.a);
+        self.posterior.refresh_sites()?;
+        Ok(cross)
     }
 
-    fn e_step(&mut self, data: &Data, config: &OfflineConfig, rng: &mut ChaCha8Rng) -> Result<()> {
+    fn e_step(&mut self, data: &Data, cross: &Cross, config: &OfflineConfig, rng: &mut ChaCha8Rng) -> Result<()> {
         let Some(size) = config.minibatch else {
-            return e_step(
+            return e_step_at(
                 &mut self.posterior,
                 &self.likelihood,
                 data,
+                cross,
                 &mut self.sites,
                 &config.e_step,
             );
         };
         for rows in shuffled_batches(data.n(), size, rng) {
             let mut part = self.sites.select(&rows);
-            e_step(
+            e_step_at(
                 &mut self.posterior,
                 &self.likelihood,
                 &data.select(&rows),
+                &cross.select(&rows),
                 &mut part,
                 &config.e_step,
             )?;
@@ -169,9 +174,9 @@ impl OfflineModel {
                     let warm = self.sites.clone();
                     let mut profile = |model: &mut Self| {
                         model.set_params(p, with_z)?;
-                        model.rebuild_totals(data)?;
-                        model.e_step(data, config, rng)?;
-                        m_step_objective(&model.posterior, &model.likelihood, data, None)
+                        let cross = model.rebuild_totals(data)?;
+                        model.e_step(data, &cross, config, rng)?;
+                        Ok(model.objective_at(data, &cross))
                     };
                     // A failed trial point must not leave its sites behind.
                     let o = profile(self).inspect_err(|_| self.sites = warm)?;
@@ -198,12 +203,24 @@ impl OfflineModel {
             (Optimizer::Adam { .. }, None) => unreachable!("an Adam state exists for the Adam optimiser"),
         };
         self.set_params(&params, with_z)?;
-        if matches!(config.optimizer, Optimizer::Lbfgs { .. }) {
+        let cross = if matches!(config.optimizer, Optimizer::Lbfgs { .. }) {
             // The line search may have ended on a rejected point's sites.
-            self.rebuild_totals(data)?;
-            self.e_step(data, config, rng)?;
-        }
-        Ok(m_step_objective(&self.posterior, &self.likelihood, data, None)?.value)
+            let cross = self.rebuild_totals(data)?;
+            self.e_step(data, &cross, config, rng)?;
+            cross
+        } else {
+            self.posterior.cross(data.x())
+        };
+        Ok(self.objective_at(data, &cross).value)
+    }
+
+    /// `F(θ)` on all of `data`, whose kernel quantities are `cross`.
+    fn objective_at(&self, data: &Data, cross: &Cross) -> Objective {
+        DataTerms::new(&self.posterior, &self.likelihood, data, cross, None).finish(
+            &self.posterior,
+            &self.likelihood,
+            None,
+        )
     }
 
     /// The optimised parameters: hyperparameters, then `Z` column by column.
