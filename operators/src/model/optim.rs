@@ -111,9 +111,6 @@ struct Trial {
     halvings: usize,
 }
 
-/// A change of the objective below this fraction of it is no progress.
-const PROGRESS: f64 = 1e-10;
-
 /// Step halvings before a line search gives up.
 const MAX_HALVINGS: usize = 30;
 
@@ -158,11 +155,7 @@ impl Lbfgs {
             trial.halvings += 1;
             trial.step *= 0.5;
             trial.x = &self.x + trial.step * &trial.dir;
-            // Give up once even the predicted gain is below what counts as
-            // progress: an objective with rounding (or an inner fixed point)
-            // in it would otherwise be asked thirty more times.
-            let predicted = trial.step * trial.slope.abs();
-            if trial.halvings == MAX_HALVINGS || predicted < PROGRESS * self.fx.abs().max(1.0) {
+            if trial.halvings == MAX_HALVINGS {
                 self.trial = None;
             }
             return Ok(());
@@ -182,7 +175,7 @@ impl Lbfgs {
         self.fx = f_new;
         self.gx = g_new;
         self.iterations += 1;
-        if progress.abs() > PROGRESS * self.fx.abs().max(1.0) {
+        if progress.abs() > 1e-10 * self.fx.abs().max(1.0) {
             self.plan();
         }
         Ok(())
@@ -269,22 +262,6 @@ mod tests {
         };
         let (x, _) = lbfgs_maximize(f, DVector::from_vec(vec![-1.2, 1.0]), 500, 10).unwrap();
         assert!((x[0] - 1.0).abs() < 1e-4 && (x[1] - 1.0).abs() < 1e-4, "{x}");
-    }
-
-    #[test]
-    fn a_line_search_stops_when_no_step_could_be_measured() {
-        // A gradient that promises at most 1e-12, and every point but the
-        // start a little lower (an objective with an inner iteration in it):
-        // no gain this small counts as progress, so no thirty halvings to learn it.
-        let mut evaluations = 0;
-        let f = |x: &DVector<f64>| -> Result<(f64, DVector<f64>)> {
-            evaluations += 1;
-            let value = if x[0] == 0.0 { -1.0 } else { -1.0 - 1e-3 };
-            Ok((value, DVector::from_element(1, 1e-6)))
-        };
-        let (x, fx) = lbfgs_maximize(f, DVector::zeros(1), 50, 10).unwrap();
-        assert_eq!((x[0], fx), (0.0, -1.0));
-        assert_eq!(evaluations, 2, "the start and one trial");
     }
 
     #[test]
