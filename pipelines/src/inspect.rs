@@ -76,6 +76,7 @@ fn describe(kernel: &Kernel) -> String {
             }
         }
         Kernel::Constant { .. } => "constant".into(),
+        Kernel::Linear { .. } => "linear".into(),
         Kernel::Sum(parts) => parts.iter().map(describe).collect::<Vec<_>>().join(" + "),
         Kernel::Product(parts) => parts.iter().map(describe).collect::<Vec<_>>().join(" × "),
     }

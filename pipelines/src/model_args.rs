@@ -79,6 +79,10 @@ pub struct ModelArgs {
     /// Add a constant kernel (a bias shared by all inputs, one per latent function).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub bias: Option<bool>,
+    /// Add a linear kernel (Bayesian linear regression on the inputs), which
+    /// a stationary kernel reaches only as its variance and lengthscale run off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub linear: Option<bool>,
     #[arg(long)]
     pub inducing: Option<usize>,
     #[arg(long, value_enum)]
@@ -138,6 +142,7 @@ pub struct Settings {
     /// One lengthscale per input; `None`: up to [`ARD_MAX_INPUTS`] inputs.
     pub ard: Option<bool>,
     pub bias: bool,
+    pub linear: bool,
     pub noise: f64,
     pub sequential: SequentialConfig,
     /// `--method osgpr`: `--m-steps` are L-BFGS iterations, `--e-steps` and
@@ -157,6 +162,7 @@ impl ModelArgs {
             kernel: over.kernel.or(self.kernel),
             ard: over.ard.or(self.ard),
             bias: over.bias.or(self.bias),
+            linear: over.linear.or(self.linear),
             inducing: over.inducing.or(self.inducing),
             inducing_policy: over.inducing_policy.or(self.inducing_policy),
             inducing_pivot: over.inducing_pivot.or(self.inducing_pivot),
@@ -194,6 +200,7 @@ impl ModelArgs {
                 family: Family::Matern52,
                 ard: Some(false),
                 bias: false,
+                linear: false,
                 noise: 0.1,
                 sequential: SequentialConfig {
                     inducing: 100,
@@ -218,6 +225,7 @@ impl ModelArgs {
                 family: Family::Matern52,
                 ard: None,
                 bias: false,
+                linear: false,
                 noise: 0.1,
                 sequential: SequentialConfig {
                     inducing: 100,
@@ -251,6 +259,9 @@ impl ModelArgs {
         }
         if let Some(bias) = self.bias {
             s.bias = bias;
+        }
+        if let Some(linear) = self.linear {
+            s.linear = linear;
         }
         let q = &mut s.sequential;
         if let Some(m) = self.inducing {
@@ -360,11 +371,24 @@ impl Settings {
             1.0
         };
         let ard = self.ard.unwrap_or(d <= ARD_MAX_INPUTS);
-        let stationary = Kernel::stationary(self.family, 1.0, vec![lengthscale; if ard { d } else { 1 }]);
+        let mut parts = vec![Kernel::stationary(
+            self.family,
+            1.0,
+            vec![lengthscale; if ard { d } else { 1 }],
+        )];
         if self.bias {
-            Kernel::Sum(vec![stationary, Kernel::Constant { variance: 1.0 }])
+            parts.push(Kernel::Constant { variance: 1.0 });
+        }
+        if self.linear {
+            // k(x, x) = 1 on average over standardised inputs, as the others.
+            parts.push(Kernel::Linear {
+                variance: 1.0 / d.max(1) as f64,
+            });
+        }
+        if parts.len() == 1 {
+            parts.swap_remove(0)
         } else {
-            stationary
+            Kernel::Sum(parts)
         }
     }
 
@@ -431,5 +455,18 @@ mod tests {
         assert_eq!(lengthscales(&["--ard", "false"], 8), 1);
         assert_eq!(lengthscales(&["--preset", "reference"], 8), 1);
         assert_eq!(lengthscales(&["--preset", "reference", "--ard", "true"], 8), 8);
+    }
+
+    #[test]
+    fn bias_and_linear_parts_join_the_stationary_kernel() {
+        let kernel = settings(&["--bias", "--linear"]).kernel(4);
+        let Kernel::Sum(parts) = kernel else {
+            panic!("{kernel:?}")
+        };
+        assert!(matches!(parts[0], Kernel::Stationary(_)));
+        assert_eq!(parts[1], Kernel::Constant { variance: 1.0 });
+        // Standardised inputs have ‖x‖² ≈ d: k(x, x) ≈ 1, as for the other parts.
+        assert_eq!(parts[2], Kernel::Linear { variance: 0.25 });
+        assert!(matches!(settings(&[]).kernel(4), Kernel::Stationary(_)));
     }
 }

@@ -38,6 +38,12 @@ pub enum Kernel {
     Constant {
         variance: f64,
     },
+    /// `k(a, b) = variance · aᵀb`: Bayesian linear regression on the inputs,
+    /// the limit a stationary kernel reaches only as its variance and
+    /// lengthscale run off together.
+    Linear {
+        variance: f64,
+    },
     Sum(Vec<Kernel>),
     Product(Vec<Kernel>),
 }
@@ -55,7 +61,7 @@ impl Kernel {
     pub fn n_params(&self) -> usize {
         match self {
             Kernel::Stationary(s) => 1 + s.lengthscales.len(),
-            Kernel::Constant { .. } => 1,
+            Kernel::Constant { .. } | Kernel::Linear { .. } => 1,
             Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().map(Kernel::n_params).sum(),
         }
     }
@@ -68,7 +74,7 @@ impl Kernel {
                 .chain(s.lengthscales.iter().copied())
                 .map(f64::ln)
                 .collect(),
-            Kernel::Constant { variance } => vec![variance.ln()],
+            Kernel::Constant { variance } | Kernel::Linear { variance } => vec![variance.ln()],
             Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().flat_map(Kernel::log_params).collect(),
         }
     }
@@ -83,7 +89,7 @@ impl Kernel {
                     *l = lp.exp();
                 }
             }
-            Kernel::Constant { variance } => *variance = p[0].exp(),
+            Kernel::Constant { variance } | Kernel::Linear { variance } => *variance = p[0].exp(),
             Kernel::Sum(parts) | Kernel::Product(parts) => {
                 let mut rest = p;
                 for part in parts {
@@ -107,11 +113,12 @@ impl Kernel {
         self.validate_at(d, "")
     }
 
-    /// `k(x, x)` for stationary kernels (the prior variance); used to scale jitter.
+    /// `k(x, x)` for stationary kernels (the prior variance), at a unit input
+    /// for the linear kernel; used to scale jitter.
     pub fn prior_variance(&self) -> f64 {
         match self {
             Kernel::Stationary(s) => s.variance,
-            Kernel::Constant { variance } => *variance,
+            Kernel::Constant { variance } | Kernel::Linear { variance } => *variance,
             Kernel::Sum(parts) => parts.iter().map(Kernel::prior_variance).sum(),
             Kernel::Product(parts) => parts.iter().map(Kernel::prior_variance).product(),
         }
@@ -123,6 +130,7 @@ impl Kernel {
         match self {
             Kernel::Stationary(s) => s.matrix(a, b),
             Kernel::Constant { variance } => DMatrix::from_element(a.nrows(), b.nrows(), *variance),
+            Kernel::Linear { variance } => *variance * a * transposed(b),
             Kernel::Sum(parts) => {
                 let mut k = DMatrix::zeros(a.nrows(), b.nrows());
                 for part in parts {
@@ -148,6 +156,7 @@ impl Kernel {
             Kernel::Stationary(Stationary { variance, .. }) | Kernel::Constant { variance } => {
                 DVector::from_element(n, *variance)
             }
+            Kernel::Linear { variance } => *variance * row_sq_norms(a),
             Kernel::Sum(parts) => {
                 let mut k = DVector::zeros(n);
                 for part in parts {
@@ -172,6 +181,8 @@ impl Kernel {
         match self {
             Kernel::Stationary(s) => s.matrix_grad(a, b, g),
             Kernel::Constant { variance } => DVector::from_element(1, variance * g.sum()),
+            // ∂K/∂log σ² = K.
+            Kernel::Linear { .. } => DVector::from_element(1, self.matrix(a, b).dot(g)),
             Kernel::Sum(parts) => concat(parts.iter().map(|part| part.matrix_grad(a, b, g))),
             Kernel::Product(parts) => {
                 let factors: Vec<_> = parts.iter().map(|part| part.matrix(a, b)).collect();
@@ -201,6 +212,8 @@ impl Kernel {
                 Family::Matern52 => s.input_grad_with(a, b, g, matern52),
             },
             Kernel::Constant { .. } => DMatrix::zeros(a.nrows(), a.ncols()),
+            // ∂(σ² a_iᵀb_j)/∂a_i = σ² b_j.
+            Kernel::Linear { variance } => *variance * g * b,
             Kernel::Sum(parts) => parts
                 .iter()
                 .map(|part| part.input_grad(a, b, g))
@@ -231,6 +244,7 @@ impl Kernel {
                 grad
             }
             Kernel::Constant { variance } => DVector::from_element(1, variance * g.sum()),
+            Kernel::Linear { variance } => DVector::from_element(1, variance * row_sq_norms(a).dot(g)),
             Kernel::Sum(parts) => concat(parts.iter().map(|part| part.diag_grad(a, g))),
             Kernel::Product(parts) => {
                 let factors: Vec<_> = parts.iter().map(|part| part.diag(a)).collect();
@@ -257,6 +271,7 @@ impl Kernel {
                 }
             }
             Kernel::Constant { .. } => out.push(join(prefix, "constant.variance")),
+            Kernel::Linear { .. } => out.push(join(prefix, "linear.variance")),
             Kernel::Sum(parts) => push_part_names(parts, &join(prefix, "sum"), out),
             Kernel::Product(parts) => push_part_names(parts, &join(prefix, "product"), out),
         }
@@ -280,6 +295,7 @@ impl Kernel {
                 Ok(())
             }
             Kernel::Constant { variance } => check_positive(&join(prefix, "constant.variance"), *variance),
+            Kernel::Linear { variance } => check_positive(&join(prefix, "linear.variance"), *variance),
             Kernel::Sum(parts) => validate_parts(parts, d, &join(prefix, "sum")),
             Kernel::Product(parts) => validate_parts(parts, d, &join(prefix, "product")),
         }
@@ -568,6 +584,11 @@ mod tests {
     fn all_kernels() -> Vec<Kernel> {
         let mut kernels: Vec<Kernel> = FAMILIES.iter().flat_map(|&f| [shared(f), ard(f)]).collect();
         kernels.push(Kernel::Constant { variance: 0.6 });
+        kernels.push(Kernel::Linear { variance: 0.7 });
+        kernels.push(Kernel::Sum(vec![
+            shared(Family::Matern52),
+            Kernel::Linear { variance: 0.3 },
+        ]));
         kernels.push(Kernel::Sum(vec![
             ard(Family::Matern52),
             Kernel::stationary(Family::SquaredExponential, 0.4, vec![2.0, 0.5, 1.1]),
@@ -775,6 +796,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_linear_kernel_is_a_scaled_inner_product() {
+        let a = DMatrix::from_row_slice(2, 2, &[1.0, 2.0, -3.0, 0.5]);
+        let b = DMatrix::from_row_slice(1, 2, &[4.0, -1.0]);
+        let k = Kernel::Linear { variance: 0.5 };
+        assert_eq!(k.matrix(&a, &b), DMatrix::from_row_slice(2, 1, &[1.0, -6.25]));
+        assert_eq!(k.diag(&a), DVector::from_vec(vec![2.5, 4.625]));
     }
 
     #[test]
