@@ -114,10 +114,10 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         // Orders below, at and across the block size, odd and even halves.
         for m in [1, 2, 15, 16, 17, 33, 100, 131] {
-            let g = DMatrix::from_fn(m, m, |_, _| rng.gen_range(-1.0..1.0));
+            let g = DMatrix::from_fn(m, m, |_, _| rng.random_range(-1.0..1.0));
             let a = &g * g.transpose() + DMatrix::identity(m, m);
             let chol = Cholesky::new(a).expect("positive definite");
-            let b = DMatrix::from_fn(m, 7, |_, _| rng.gen_range(-1.0..1.0));
+            let b = DMatrix::from_fn(m, 7, |_, _| rng.random_range(-1.0..1.0));
             let mut x = b.clone();
             solve_lower_in_place(&chol, &mut x);
             let residual = (chol.l() * &x - &b).amax();
