@@ -142,3 +142,40 @@ fn the_e_step_settles_while_later_classes_have_no_data() {
         "later steps raised the bound"
     );
 }
+
+#[test]
+fn the_learner_backs_off_across_its_shards_as_one_process_does() {
+    // The cycling setting of the test above through the sequential learner,
+    // whose E-step runs on shards: steps it undoes must be undone on every
+    // shard (the Restore query), or its posterior leaves the single-process one.
+    let (train, test) = tasks(50, 11);
+    let first = task(&train, 0);
+    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
+    let z = first.x().rows(0, 40).into_owned();
+    let e_step_config = EStepConfig { steps: 30, rho: 0.9 };
+    let config = SequentialConfig {
+        inducing: z.nrows(),
+        inducing_policy: InducingPolicy::Fixed,
+        e_step: e_step_config,
+        m_steps: 0,
+        memory: MemoryPolicy::None,
+        ..SequentialConfig::default()
+    };
+    let mut learner = SequentialLearner::new(kernel.clone(), softmax(), config)
+        .unwrap()
+        .with_inducing(z.clone())
+        .unwrap();
+    learner.update(&first).unwrap();
+    let mut one = DualPosterior::new(kernel, z, CLASSES).unwrap();
+    let mut sites = PointSites::zeros(first.n(), CLASSES);
+    e_step(&mut one, &softmax(), &first, &mut sites, &e_step_config).unwrap();
+    let (got, want) = (
+        learner.posterior().unwrap().predict_f(test.x()),
+        one.predict_f(test.x()),
+    );
+    let (e_mean, e_var) = (max_abs(&got.mean, &want.mean), max_abs(&got.var, &want.var));
+    assert!(
+        e_mean < 1e-6 && e_var < 1e-6,
+        "mean error {e_mean:e}, variance error {e_var:e}"
+    );
+}
