@@ -209,6 +209,31 @@ fn one_two_and_four_workers_match_the_model_only_learner_on_a_classification_str
 }
 
 #[test]
+fn e_steps_that_step_back_do_so_on_every_worker() {
+    // Two of four classes never appear and the prior variance is large: the
+    // E-step's guard undoes steps (a Restore query to every shard), and the
+    // predictions must still not depend on the worker count.
+    let cycling = || {
+        let config = SequentialConfig {
+            inducing: 12,
+            e_step: EStepConfig { steps: 8, rho: 0.9 },
+            m_steps: 0,
+            memory: MemoryPolicy::PerBatch { k: 8 },
+            seed: 7,
+            ..SequentialConfig::default()
+        };
+        let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![0.7; FEATURES]);
+        let softmax = Likelihood::Softmax { classes: 4, samples: 16, seed: 0 };
+        SequentialLearner::new(kernel, softmax, config).unwrap()
+    };
+    let epochs = stream(true, 4, 60, 2);
+    for workers in [1, 2] {
+        let outputs = run(timely::Config::process(workers), &epochs, cycling());
+        assert_matches(&outputs, &epochs, cycling());
+    }
+}
+
+#[test]
 fn serialised_channels_and_a_bounded_memory_match_the_model_only_learner_on_regression() {
     let epochs = stream(false, 6, 50, 2);
     for workers in [1, 3] {
