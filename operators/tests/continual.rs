@@ -4,8 +4,8 @@
 
 use dualgp_operators::model::estep::e_step;
 use dualgp_operators::model::{
-    Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, PointSites,
-    SequentialConfig, SequentialLearner,
+    Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig,
+    OsgprInducing, OsgprLearner, PointSites, SequentialConfig, SequentialLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;
@@ -141,6 +141,36 @@ fn the_e_step_settles_while_later_classes_have_no_data() {
         bound_after(3, &kernel, &first, &z) < bounds[0],
         "later steps raised the bound"
     );
+}
+
+#[test]
+fn osgpr_settles_q_while_later_classes_have_no_data() {
+    // The cycling setting above through Bui et al.'s learner, whose q(b) runs
+    // undamped natural-gradient steps to convergence: they too must keep the
+    // steps that raise the bound and undo the others across the whole run.
+    let (train, _) = tasks(50, 11);
+    let first = task(&train, 0);
+    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
+    let z = first.x().rows(0, 40).into_owned();
+    let bound_after = |q_steps: usize| {
+        let config = OsgprConfig {
+            inducing: z.nrows(),
+            inducing_policy: OsgprInducing::Fixed,
+            max_iter: 0,
+            q_steps,
+            ..OsgprConfig::default()
+        };
+        let mut learner = OsgprLearner::new(kernel.clone(), softmax(), config)
+            .unwrap()
+            .with_inducing(z.clone())
+            .unwrap();
+        learner.update(&first).unwrap().bound
+    };
+    let bounds: Vec<f64> = (30..=36).map(bound_after).collect();
+    let spread =
+        bounds.iter().copied().fold(f64::NEG_INFINITY, f64::max) - bounds.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(spread < 0.1, "the bound after 30..36 steps: {bounds:?}");
+    assert!(bound_after(3) < bounds[0], "later steps raised the bound");
 }
 
 #[test]

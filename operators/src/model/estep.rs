@@ -178,6 +178,20 @@ pub fn e_step_at(
     sites: &mut PointSites,
     config: &EStepConfig,
 ) -> Result<()> {
+    e_step_until(post, likelihood, data, cross, sites, config, 0.0)
+}
+
+/// [`e_step_at`], stopping before `config.steps` once a step moved no site
+/// by more than `tolerance` relative to its size ([`relative_change`]).
+pub fn e_step_until(
+    post: &mut DualPosterior,
+    likelihood: &Likelihood,
+    data: &Data,
+    cross: &Cross,
+    sites: &mut PointSites,
+    config: &EStepConfig,
+    tolerance: f64,
+) -> Result<()> {
     if likelihood.is_conjugate() {
         // One undamped step is exact; no step can overshoot.
         for _ in 0..config.steps {
@@ -194,6 +208,7 @@ pub fn e_step_at(
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
         let (expected, change) = site_step(post, likelihood, data, cross, sites, guard.rho());
+        let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
             post.whitened = back_totals;
@@ -201,10 +216,24 @@ pub fn e_step_at(
             for (totals, change) in post.whitened.iter_mut().zip(&change.totals(&cross.a)) {
                 totals.add(change, 1.0);
             }
+            if settled {
+                post.refresh_sites()?;
+                break;
+            }
         }
         post.refresh_sites()?;
     }
     Ok(())
+}
+
+/// `max |Δs| / (1 + |s|)` over every point's sites.
+pub fn relative_change(before: &PointSites, after: &PointSites) -> f64 {
+    let pairs = before
+        .s1
+        .iter()
+        .zip(after.s1.iter())
+        .chain(before.s2.iter().zip(after.s2.iter()));
+    pairs.map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max)
 }
 
 /// `totals − part`, latent by latent: what the rest of the data says.

@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use super::data::Data;
 use super::error::{ModelError, Result};
-use super::estep::{e_step_at, EStepConfig, PointSites};
+use super::estep::{e_step_until, EStepConfig, PointSites};
 use super::inducing::{pivoted_cholesky, select_inducing, Pivot};
 use super::kernel::Kernel;
 use super::likelihood::{Expectation, Likelihood, Predictive};
@@ -774,14 +774,17 @@ impl<'a> Online<'a> {
             a: g.a.clone(),
             residual_var: g.residual.clone(),
         };
-        let step = EStepConfig { steps: 1, rho };
-        for _ in 0..steps {
-            let before = sites.clone();
-            e_step_at(&mut post, self.likelihood, self.data, &cross, sites, &step)?;
-            if relative_change(&before, sites) < Q_TOLERANCE {
-                break;
-            }
-        }
+        // One guarded run: steps that lower the bound are undone across the whole run.
+        let e_step = EStepConfig { steps, rho };
+        e_step_until(
+            &mut post,
+            self.likelihood,
+            self.data,
+            &cross,
+            sites,
+            &e_step,
+            Q_TOLERANCE,
+        )?;
         // The totals again from their parts, whitened without loss.
         let mut whitened = old;
         for (s, data) in whitened.iter_mut().zip(self.whiten_points(&g, sites)) {
@@ -841,16 +844,6 @@ fn cholesky_error(what: &str, jitter: f64) -> ModelError {
         what: what.into(),
         jitter,
     }
-}
-
-/// `max |Δs| / (1 + |s|)` over every point's sites.
-fn relative_change(before: &PointSites, after: &PointSites) -> f64 {
-    let pairs = before
-        .s1
-        .iter()
-        .zip(after.s1.iter())
-        .chain(before.s2.iter().zip(after.s2.iter()));
-    pairs.map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max)
 }
 
 /// What one update did.
