@@ -214,3 +214,73 @@ fn a_checkpoint_of_another_format_version_is_refused_with_what_to_do() {
         "{err}"
     );
 }
+
+/// A store holding checkpoints of epochs 1, 2 and 3 (an unfitted learner;
+/// the position says which epoch a checkpoint came from).
+fn three_checkpoints() -> (tempfile::TempDir, CheckpointStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::new(dir.path(), 3).unwrap();
+    for epoch in 1..=3 {
+        let checkpoint = Checkpoint {
+            version: dualgp_operators::dataflow::CHECKPOINT_VERSION,
+            epoch,
+            learner: learner(),
+            positions: vec![10 * epoch],
+        };
+        store.save(&checkpoint).unwrap();
+    }
+    (dir, store)
+}
+
+fn newest_file(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("checkpoint-00000000000000000003.json")
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_gives_way_to_the_one_before() {
+    let damages: [(&str, fn(&mut Vec<u8>)); 4] = [
+        ("garbage", |bytes| *bytes = b"\x00\x17not a checkpoint at all".to_vec()),
+        ("truncated", |bytes| bytes.truncate(bytes.len() / 2)),
+        ("its checksum line cut short", |bytes| bytes.truncate(bytes.len() - 3)),
+        // Still valid JSON of the right shape: only the checksum can tell.
+        ("a digit changed", |bytes| {
+            let key = b"\"positions\":[3";
+            let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() - 1;
+            bytes[at] = b'4';
+        }),
+    ];
+    for (what, damage) in damages {
+        let (dir, store) = three_checkpoints();
+        let mut bytes = std::fs::read(newest_file(dir.path())).unwrap();
+        damage(&mut bytes);
+        std::fs::write(newest_file(dir.path()), bytes).unwrap();
+        let latest: Checkpoint<u64> = store.latest().unwrap().unwrap();
+        assert_eq!((latest.epoch, latest.positions.clone()), (2, vec![20]), "newest {what}");
+    }
+}
+
+#[test]
+fn when_no_checkpoint_reads_back_the_newest_ones_error_is_told() {
+    let (dir, store) = three_checkpoints();
+    for epoch in 1..=3 {
+        let path = dir.path().join(format!("checkpoint-{epoch:020}.json"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.truncate(bytes.len() - 3);
+        std::fs::write(path, bytes).unwrap();
+    }
+    let err = store.latest::<u64>().unwrap_err().to_string();
+    assert!(
+        err.contains("00000000000000000003") && err.contains("checksum"),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoints_written_before_checksums_still_read() {
+    let (dir, store) = three_checkpoints();
+    let text = std::fs::read_to_string(newest_file(dir.path())).unwrap();
+    let body = text.trim_end().rsplit_once('\n').unwrap().0;
+    std::fs::write(newest_file(dir.path()), body).unwrap();
+    let latest: Checkpoint<u64> = store.latest().unwrap().unwrap();
+    assert_eq!(latest.epoch, 3);
+}

@@ -1,7 +1,8 @@
 //! Checkpoints at epoch boundaries: the learner after an epoch's update and
 //! the source positions that update reflects, versioned, written atomically
-//! (temporary file, fsync, rename), so that a restarted pipeline resumes after
-//! the last epoch it applied.
+//! (temporary file, fsync, rename) with a CRC-32 of their contents, so that a
+//! restarted pipeline resumes after the last epoch it applied; a newest file
+//! that does not read back (truncated, corrupted) gives way to the one before.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -38,6 +39,8 @@ pub enum CheckpointError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("checkpoint {path} is not a dualgp checkpoint: {source}")]
     Format { path: PathBuf, source: serde_json::Error },
+    #[error("checkpoint {path} is damaged: its contents do not match their checksum")]
+    Checksum { path: PathBuf },
     #[error(
         "checkpoint {path} has format version {found}; this dualgp reads version {CHECKPOINT_VERSION} only: \
          point it at an empty checkpoint directory to start afresh"
@@ -69,10 +72,12 @@ impl CheckpointStore {
         let temp = self
             .dir
             .join(format!(".checkpoint-{:020}.json.partial", checkpoint.epoch));
-        let bytes = serde_json::to_vec(checkpoint).map_err(|source| CheckpointError::Format {
+        let mut bytes = serde_json::to_vec(checkpoint).map_err(|source| CheckpointError::Format {
             path: path.clone(),
             source,
         })?;
+        let trailer = format!("\n{CHECKSUM_PREFIX}{:08x}\n", crc32fast::hash(&bytes));
+        bytes.extend_from_slice(trailer.as_bytes());
         let write = || -> std::io::Result<()> {
             let mut file = fs::File::create(&temp)?;
             file.write_all(&bytes)?;
@@ -87,13 +92,29 @@ impl CheckpointStore {
         Ok(path)
     }
 
-    /// The newest checkpoint, if any.
+    /// The newest checkpoint that reads back, if any. A newer one that does
+    /// not (truncated, damaged, unreadable) is skipped with a warning on
+    /// stderr; if none reads back, the newest one's error. A checkpoint of
+    /// another format version is an error, not damage.
     pub fn latest<P: DeserializeOwned>(&self) -> Result<Option<Checkpoint<P>>, CheckpointError> {
-        let Some(&epoch) = self.epochs()?.last() else {
-            return Ok(None);
-        };
+        let mut newest_error = None;
+        for epoch in self.epochs()?.into_iter().rev() {
+            match self.read(epoch) {
+                Ok(checkpoint) => return Ok(Some(checkpoint)),
+                Err(e @ CheckpointError::Version { .. }) => return Err(e),
+                Err(e) => {
+                    eprintln!("warning: {e}; trying the checkpoint before it");
+                    newest_error.get_or_insert(e);
+                }
+            }
+        }
+        newest_error.map_or(Ok(None), Err)
+    }
+
+    fn read<P: DeserializeOwned>(&self, epoch: u64) -> Result<Checkpoint<P>, CheckpointError> {
         let path = self.path_of(epoch);
         let bytes = fs::read(&path).map_err(|source| io(&path, source))?;
+        let body = checked_body(&bytes).ok_or_else(|| CheckpointError::Checksum { path: path.clone() })?;
         #[derive(Deserialize)]
         struct Header {
             version: u32,
@@ -102,19 +123,19 @@ impl CheckpointStore {
             path: path.clone(),
             source,
         };
-        let header: Header = serde_json::from_slice(&bytes).map_err(format)?;
+        let header: Header = serde_json::from_slice(body).map_err(format)?;
         if header.version != CHECKPOINT_VERSION {
             return Err(CheckpointError::Version {
                 path,
                 found: header.version,
             });
         }
-        let mut checkpoint: Checkpoint<P> = serde_json::from_slice(&bytes).map_err(format)?;
+        let mut checkpoint: Checkpoint<P> = serde_json::from_slice(body).map_err(format)?;
         checkpoint.learner.ensure_factors().map_err(|e| CheckpointError::Io {
             path: path.clone(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        Ok(Some(checkpoint))
+        Ok(checkpoint)
     }
 
     fn path_of(&self, epoch: u64) -> PathBuf {
@@ -131,6 +152,27 @@ impl CheckpointStore {
         epochs.sort_unstable();
         Ok(epochs)
     }
+}
+
+/// Starts the last line of a checkpoint file: the CRC-32 of what precedes it.
+const CHECKSUM_PREFIX: &str = "crc32 ";
+
+/// The JSON body of a checkpoint file whose checksum line matches it. Files
+/// written before checksums (no such line) are taken as they are: JSON
+/// refuses their truncations.
+fn checked_body(bytes: &[u8]) -> Option<&[u8]> {
+    let text = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let Some(newline) = text.iter().rposition(|&b| b == b'\n') else {
+        return Some(bytes);
+    };
+    let (body, last) = (&text[..newline], &text[newline + 1..]);
+    let Some(hex) = last.strip_prefix(CHECKSUM_PREFIX.as_bytes()) else {
+        return Some(bytes);
+    };
+    let stated = std::str::from_utf8(hex)
+        .ok()
+        .and_then(|h| u32::from_str_radix(h, 16).ok())?;
+    (crc32fast::hash(body) == stated).then_some(body)
 }
 
 fn io(path: &Path, source: std::io::Error) -> CheckpointError {
