@@ -223,7 +223,11 @@ fn e_steps_that_step_back_do_so_on_every_worker() {
             ..SequentialConfig::default()
         };
         let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![0.7; FEATURES]);
-        let softmax = Likelihood::Softmax { classes: 4, samples: 16, seed: 0 };
+        let softmax = Likelihood::Softmax {
+            classes: 4,
+            samples: 16,
+            seed: 0,
+        };
         SequentialLearner::new(kernel, softmax, config).unwrap()
     };
     let epochs = stream(true, 4, 60, 2);
