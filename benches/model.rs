@@ -9,8 +9,8 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use dualgp::model::estep::e_step;
-use dualgp::model::objective::m_step_objective;
+use dualgp::model::dual::estep::e_step;
+use dualgp::model::dual::objective::m_step_objective;
 use dualgp::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, PointSites};
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

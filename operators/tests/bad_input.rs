@@ -1,7 +1,7 @@
 //! Bad input is an error that names what is wrong, never a panic.
 
-use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::linalg::cholesky_jittered;
+use dualgp_operators::model::dual::estep::e_step;
+use dualgp_operators::model::math::linalg::cholesky_jittered;
 use dualgp_operators::model::{
     Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, ModelError, PointSites,
 };

@@ -238,7 +238,8 @@ fn newest_file(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn a_damaged_newest_checkpoint_gives_way_to_the_one_before() {
-    let damages: [(&str, fn(&mut Vec<u8>)); 4] = [
+    type Damage = fn(&mut Vec<u8>);
+    let damages: [(&str, Damage); 4] = [
         ("garbage", |bytes| *bytes = b"\x00\x17not a checkpoint at all".to_vec()),
         ("truncated", |bytes| bytes.truncate(bytes.len() / 2)),
         ("its checksum line cut short", |bytes| bytes.truncate(bytes.len() - 3)),

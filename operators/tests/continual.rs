@@ -2,7 +2,7 @@
 //! all of them) through the sequential learner with θ fixed: which update
 //! steps keep what the batch posterior knows, and that a new class is learned.
 
-use dualgp_operators::model::estep::e_step;
+use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::{
     Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig,
     OsgprInducing, OsgprLearner, PointSites, SequentialConfig, SequentialLearner,
@@ -118,7 +118,7 @@ fn bound_after(steps: usize, kernel: &Kernel, data: &Data, z: &DMatrix<f64>) -> 
         &EStepConfig { steps, rho: 0.9 },
     )
     .unwrap();
-    dualgp_operators::model::objective::m_step_objective(&post, &softmax(), data, None)
+    dualgp_operators::model::dual::objective::m_step_objective(&post, &softmax(), data, None)
         .unwrap()
         .value
 }

@@ -1,10 +1,10 @@
 //! The analytic gradient of the M-step objective against central finite
 //! differences, for every likelihood and for composite kernels.
 
-use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms};
-use dualgp_operators::model::past::PastMessage;
-use dualgp_operators::model::posterior::Sites;
+use dualgp_operators::model::dual::estep::e_step;
+use dualgp_operators::model::dual::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms};
+use dualgp_operators::model::dual::past::PastMessage;
+use dualgp_operators::model::dual::posterior::Sites;
 use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, PointSites};
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

@@ -3,8 +3,8 @@
 
 mod common;
 
-use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::objective::m_step_objective;
+use dualgp_operators::model::dual::estep::e_step;
+use dualgp_operators::model::dual::objective::m_step_objective;
 use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, PointSites};
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

@@ -6,9 +6,9 @@
 
 mod common;
 
-use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::objective::{hyperparameters, set_hyperparameters};
-use dualgp_operators::model::osgpr::{ExplicitQ, OldTerm, Online};
+use dualgp_operators::model::baselines::osgpr::{ExplicitQ, OldTerm, Online};
+use dualgp_operators::model::dual::estep::e_step;
+use dualgp_operators::model::dual::objective::{hyperparameters, set_hyperparameters};
 use dualgp_operators::model::{
     Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, ModelError, OsgprConfig, OsgprInducing,
     OsgprLearner, PointSites,

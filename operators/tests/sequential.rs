@@ -1,8 +1,9 @@
 //! The sequential learner (Algorithm 1) against batch training, closed forms
 //! and the sampling law of its memory.
 
-use dualgp_operators::model::estep::e_step;
-use dualgp_operators::model::memory::{point_uniform, reservoir_key, top_k};
+use dualgp_operators::model::dual::estep::e_step;
+use dualgp_operators::model::dual::memory::{reservoir_key, top_k};
+use dualgp_operators::model::dual::point::point_uniform;
 use dualgp_operators::model::{
     bayesian_leverage_scores, Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link,
     MemoryPolicy, Optimizer, PastInMStep, PointId, PointSites, SequentialConfig, SequentialLearner,

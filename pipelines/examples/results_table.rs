@@ -259,7 +259,7 @@ fn run() -> Result<()> {
         results.display()
     )?;
     out.push_str("Protocol: `../shared/docs/EVALUATION.md` (10 batches, m = 100, each method's defaults, ");
-    out.push_str("`dualgp eval --help`). osgpr is Bui et al. 2017 (`operators/src/model/osgpr.rs`).\n\n");
+    out.push_str("`dualgp eval --help`). osgpr is Bui et al. 2017 (`operators/src/model/baselines/osgpr.rs`).\n\n");
     main_tables(results, &mut out)?;
     ablation_table(results, &mut out)?;
     banana_table(results, &mut out)?;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dualgp_connectors::{ColumnSpec, Table};
-use dualgp_operators::model::objective::named_hyperparameters;
+use dualgp_operators::model::dual::objective::named_hyperparameters;
 use dualgp_operators::model::{fit_offline, Data, Likelihood, Metrics, OfflineConfig, OsgprLearner, SequentialLearner};
 use serde::Serialize;
 

@@ -81,7 +81,7 @@ pub(super) fn partition_stage<'scope>(
         index: worker,
         peers: scope.peers(),
     };
-    let by_owner = Exchange::new(|a: &Arrival| crate::model::shard::route(a.record.id));
+    let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
         let likelihood = prior.1.clone();
         let mut scorer = match initial {

@@ -2,8 +2,8 @@
 
 use nalgebra::{DMatrix, DVector};
 
-use super::error::{ModelError, Result};
-use super::likelihood::Likelihood;
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::Likelihood;
 
 /// Inputs `x` (`n × d`, one record per row) and targets `y`. Construction
 /// refuses non-finite values, so every `Data` is safe to learn from.

@@ -1,43 +1,35 @@
-//! The GP mathematics: kernels, likelihoods, the dual-parameter sparse
-//! posterior, its E-step and M-step, and the offline (t-SVGP) trainer.
+//! The GP models, by role: `math` (kernels, linear algebra, quadrature,
+//! optimisers), `likelihood` (the observation models), `dual` (the
+//! dual-parameter posterior and the memory-based sequential learner) and
+//! `baselines` (Bui et al.'s streaming GP, the offline trainer). A new
+//! likelihood goes in `likelihood`, a new learner in its own folder.
 //!
 //! Conventions: inputs are `n × d` matrices with one point per row; the
 //! inducing inputs `Z` are `m × d`; hyperparameters are optimised in log space.
 
+pub mod baselines;
 pub mod data;
+pub mod dual;
 pub mod error;
-pub mod estep;
-pub mod inducing;
-pub mod kernel;
 pub mod likelihood;
-pub mod linalg;
-pub mod memory;
-pub mod objective;
-pub mod optim;
-pub mod osgpr;
-pub mod past;
-pub mod posterior;
+pub mod math;
 pub mod predict;
-pub mod quadrature;
-pub mod sequential;
-pub mod shard;
-pub mod snapshot;
-pub mod trainer;
 
+pub use baselines::offline::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
+pub use baselines::osgpr::{OsgprConfig, OsgprInducing, OsgprLearner, OsgprReport};
 pub use data::Data;
-pub use error::ModelError;
-pub use estep::{EStepConfig, PointSites};
-pub use inducing::Pivot;
-pub use kernel::{Family, Kernel};
-pub use likelihood::{Likelihood, Link, Predictive};
-pub use memory::{bayesian_leverage_scores, MemoryPolicy};
-pub use optim::Optimizer;
-pub use osgpr::{OsgprConfig, OsgprInducing, OsgprLearner, OsgprReport};
-pub use posterior::DualPosterior;
-pub use predict::{evaluate, predict, Metrics};
-pub use sequential::{
+pub use dual::estep::{EStepConfig, PointSites};
+pub use dual::memory::{bayesian_leverage_scores, MemoryPolicy};
+pub use dual::point::PointId;
+pub use dual::posterior::DualPosterior;
+pub use dual::sequential::{
     InducingPolicy, PastInMStep, SequentialConfig, SequentialLearner, Shards, StepSeconds, UpdateReport,
 };
-pub use shard::{Answer, BlockSums, Partition, PointId, Query, Shard, Summand, BLOCKS};
-pub use snapshot::Snapshot;
-pub use trainer::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
+pub use dual::shard::{Answer, BlockSums, Partition, Query, Shard, Summand, BLOCKS};
+pub use dual::snapshot::Snapshot;
+pub use error::ModelError;
+pub use likelihood::{Likelihood, Link, Predictive};
+pub use math::inducing::Pivot;
+pub use math::kernel::{Family, Kernel};
+pub use math::optim::Optimizer;
+pub use predict::{evaluate, predict, Metrics};

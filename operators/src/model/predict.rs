@@ -2,10 +2,10 @@
 
 use nalgebra::DMatrix;
 
-use super::data::Data;
-use super::error::Result;
-use super::likelihood::{Likelihood, Predictive};
-use super::posterior::DualPosterior;
+use crate::model::data::Data;
+use crate::model::dual::posterior::DualPosterior;
+use crate::model::error::Result;
+use crate::model::likelihood::{Likelihood, Predictive};
 
 /// The predictive distribution of `y` at every row of `x`.
 pub fn predict(post: &DualPosterior, likelihood: &Likelihood, x: &DMatrix<f64>) -> Vec<Predictive> {

@@ -16,9 +16,9 @@ use std::sync::OnceLock;
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use serde::{Deserialize, Serialize};
 
-use super::error::{ModelError, Result};
-use super::kernel::Kernel;
-use super::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize};
+use crate::model::error::{ModelError, Result};
+use crate::model::math::kernel::Kernel;
+use crate::model::math::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize};
 
 /// Default jitter, relative to the kernel's prior variance.
 pub const DEFAULT_RELATIVE_JITTER: f64 = 1e-6;

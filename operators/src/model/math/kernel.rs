@@ -7,8 +7,8 @@
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
-use super::error::{ModelError, Result};
-use super::linalg::transposed;
+use crate::model::error::{ModelError, Result};
+use crate::model::math::linalg::transposed;
 
 /// The radial profile of a stationary kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,10 +4,10 @@
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
-use super::error::Result;
-use super::likelihood::{Likelihood, Predictive};
-use super::posterior::DualPosterior;
-use super::predict::predict;
+use crate::model::dual::posterior::DualPosterior;
+use crate::model::error::Result;
+use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::predict::predict;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Snapshot {

@@ -6,11 +6,11 @@
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::estep::{PointSites, BETA_MIN};
-use super::likelihood::{Expectation, Likelihood};
-use super::posterior::{DualPosterior, Sites};
-use super::shard::{splitmix64, PointId};
+use crate::model::data::Data;
+use crate::model::dual::estep::{PointSites, BETA_MIN};
+use crate::model::dual::point::PointId;
+use crate::model::dual::posterior::{DualPosterior, Sites};
+use crate::model::likelihood::{Expectation, Likelihood};
 
 /// Which points of a batch enter the memory, and which leave it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -118,13 +118,6 @@ pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, d
 /// checkpoints stay valid JSON.
 pub fn reservoir_key(weight: f64, u: f64) -> f64 {
     (u.max(f64::MIN_POSITIVE).ln() / weight.max(f64::MIN_POSITIVE)).max(f64::MIN)
-}
-
-/// A uniform draw in `(0, 1)` that belongs to one point of one stream: the
-/// same whichever worker computes it.
-pub fn point_uniform(seed: u64, id: PointId) -> f64 {
-    let bits = splitmix64(splitmix64(seed ^ splitmix64(id.batch)) ^ id.id as u64);
-    ((bits >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
 /// Indices of the `k` largest keys, largest first (ties by index).

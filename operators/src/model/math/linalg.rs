@@ -3,7 +3,7 @@
 
 use nalgebra::{Cholesky, DMatrix, DMatrixView, DMatrixViewMut, DVector, Dyn};
 
-use super::error::{ModelError, Result};
+use crate::model::error::{ModelError, Result};
 
 /// How far the jitter may be raised, relative to the mean diagonal.
 const MAX_RELATIVE_JITTER: f64 = 1e-2;

@@ -15,7 +15,7 @@
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
-use super::kernel::Kernel;
+use crate::model::math::kernel::Kernel;
 
 /// How the next pivot is chosen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,7 +124,7 @@ pub fn past_and_batch_weights(m_old: usize, n_seen: u64, n_batch: usize) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernel::Family;
+    use crate::model::math::kernel::Family;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 

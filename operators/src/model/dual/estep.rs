@@ -9,12 +9,12 @@
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::error::{ModelError, Result};
-use super::likelihood::{Expectation, Likelihood};
-use super::linalg::{add_weighted_gram, symmetrize};
-use super::objective::expected_log_message;
-use super::posterior::{Cross, DualPosterior, Sites};
+use crate::model::data::Data;
+use crate::model::dual::objective::expected_log_message;
+use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::{Expectation, Likelihood};
+use crate::model::math::linalg::{add_weighted_gram, symmetrize};
 
 /// `β̂` is clipped from below so that every site stays a valid precision.
 pub const BETA_MIN: f64 = 1e-8;

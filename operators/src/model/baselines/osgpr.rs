@@ -39,17 +39,19 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::error::{ModelError, Result};
-use super::estep::{e_step_until, EStepConfig, PointSites};
-use super::inducing::{pivoted_cholesky, select_inducing, Pivot};
-use super::kernel::Kernel;
-use super::likelihood::{Expectation, Likelihood, Predictive};
-use super::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed};
-use super::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
-use super::optim::lbfgs_maximize;
-use super::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
-use super::predict::{evaluate, predict, Metrics};
+use crate::model::data::Data;
+use crate::model::dual::estep::{e_step_until, EStepConfig, PointSites};
+use crate::model::dual::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
+use crate::model::dual::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::{Expectation, Likelihood, Predictive};
+use crate::model::math::inducing::{pivoted_cholesky, select_inducing, Pivot};
+use crate::model::math::kernel::Kernel;
+use crate::model::math::linalg::{
+    cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed,
+};
+use crate::model::math::optim::lbfgs_maximize;
+use crate::model::predict::{evaluate, predict, Metrics};
 
 /// How the inducing inputs `b` of a new batch are chosen from the old `a`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -9,12 +9,12 @@
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::error::{ModelError, Result};
-use super::kernel::Kernel;
-use super::likelihood::{Expectation, Likelihood};
-use super::linalg::transposed;
-use super::posterior::{Cross, DualPosterior, Sites};
+use crate::model::data::Data;
+use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::{Expectation, Likelihood};
+use crate::model::math::kernel::Kernel;
+use crate::model::math::linalg::transposed;
 
 /// `F(θ)` and `∂F/∂ log θ`.
 #[derive(Debug, Clone, PartialEq)]
@@ -196,7 +196,7 @@ impl DataTerms {
     ///
     /// Without `past`, every site is held as `θ` moves (t-SVGP's dual M-step
     /// bound). With `past`, the part of the (whitened) totals that is past
-    /// data's message `t(u)` (see [`PastMessage`](super::past::PastMessage)), `q(u)` is held
+    /// data's message `t(u)` (see [`PastMessage`](crate::model::dual::past::PastMessage)), `q(u)` is held
     /// instead and `F` gains `E_q[log t(u)]`: at the `q` that is optimal for `F`
     /// (the sites re-learned and `t` held in u-space), this is the gradient of
     /// the collapsed bound.

@@ -17,21 +17,14 @@ use std::collections::BTreeMap;
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::estep::{site_update, PointSites};
-use super::kernel::Kernel;
-use super::memory::{bayesian_leverage_scores, point_uniform, reservoir_key, MemoryPoint};
-use super::objective::DataTerms;
-use super::posterior::{Cross, DualPosterior, Sites};
-use super::snapshot::Snapshot;
-
-/// A record's identity across the stream: the batch it came in and its id.
-/// Within a batch, records are ordered by id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct PointId {
-    pub batch: u64,
-    pub id: i64,
-}
+use crate::model::data::Data;
+use crate::model::dual::estep::{site_update, PointSites};
+use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
+use crate::model::dual::objective::DataTerms;
+use crate::model::dual::point::{point_uniform, splitmix64, PointId};
+use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
+use crate::model::dual::snapshot::Snapshot;
+use crate::model::math::kernel::Kernel;
 
 /// How many blocks the points are summed in. Up to this many workers share
 /// the work; more would idle.
@@ -41,14 +34,6 @@ pub const BLOCKS: u64 = 32;
 /// and the memory points they become stay on the same worker.
 pub fn route(id: i64) -> u64 {
     splitmix64(id as u64) % BLOCKS
-}
-
-/// A well-mixed 64-bit hash (Steele et al.'s SplitMix64 finaliser).
-pub(crate) fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Which share of the memory a shard works on.
@@ -79,7 +64,7 @@ pub enum Query {
     /// the change of their contribution to the totals.
     EStep { model: Snapshot, rho: f64 },
     /// Undo the last E-step and the one before it: back to the sites the
-    /// step before last started from (see [`Backtracking`](super::estep::Backtracking)).
+    /// step before last started from (see [`Backtracking`](crate::model::dual::estep::Backtracking)).
     Restore,
     /// The data terms of the M-step objective, memory terms weighted.
     Gradient { model: Snapshot, memory_weight: f64 },

@@ -3,7 +3,7 @@
 use nalgebra::DVector;
 use serde::{Deserialize, Serialize};
 
-use super::error::Result;
+use crate::model::error::Result;
 
 /// Adam (Kingma & Ba) with the usual bias correction; its moments persist
 /// across calls so that a stream of M-steps behaves as one long run.

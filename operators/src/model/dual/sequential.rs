@@ -12,20 +12,21 @@ use std::time::Instant;
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::error::{ModelError, Result};
-use super::estep::{bound, without, Backtracking, EStepConfig};
-use super::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
-use super::kernel::Kernel;
-use super::likelihood::{Likelihood, Predictive};
-use super::memory::{top_k, Memory, MemoryPolicy};
-use super::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
-use super::optim::{Adam, Lbfgs, Optimizer};
-use super::past::PastMessage;
-use super::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
-use super::predict::{evaluate, predict, Metrics};
-use super::shard::{Answer, Partition, PointId, Query, Shard};
-use super::snapshot::Snapshot;
+use crate::model::data::Data;
+use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
+use crate::model::dual::memory::{top_k, Memory, MemoryPolicy};
+use crate::model::dual::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
+use crate::model::dual::past::PastMessage;
+use crate::model::dual::point::PointId;
+use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
+use crate::model::dual::shard::{Answer, Partition, Query, Shard};
+use crate::model::dual::snapshot::Snapshot;
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::math::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
+use crate::model::math::kernel::Kernel;
+use crate::model::math::optim::{Adam, Lbfgs, Optimizer};
+use crate::model::predict::{evaluate, predict, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -398,7 +399,7 @@ impl SequentialLearner {
     }
 
     /// Damped site updates over the batch and the memory, none lowering the
-    /// E-step's bound (see [`e_step_at`](super::estep::e_step_at)).
+    /// E-step's bound (see [`e_step_at`](crate::model::dual::estep::e_step_at)).
     async fn e_steps(&mut self, shards: &mut impl Shards, e_step: EStepConfig) -> Result<()> {
         let checked = !self.likelihood.is_conjugate();
         let others = if checked {

@@ -7,8 +7,8 @@
 
 use nalgebra::{DMatrix, DVector};
 
-use super::linalg::symmetrize;
-use super::posterior::{keeping_message, DualPosterior, Sites};
+use crate::model::dual::posterior::{keeping_message, DualPosterior, Sites};
+use crate::model::math::linalg::symmetrize;
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
 /// Cholesky factor `L₀` of the `K₀` it was formed under (`η̃₁ = L₀ᵀη₁ =

@@ -8,14 +8,14 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::data::Data;
-use super::error::{ModelError, Result};
-use super::estep::{e_step_at, EStepConfig, PointSites};
-use super::inducing::{select_inducing, Pivot};
-use super::likelihood::Likelihood;
-use super::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms, Objective};
-use super::optim::{lbfgs_maximize, Adam, Optimizer};
-use super::posterior::{Cross, DualPosterior};
+use crate::model::data::Data;
+use crate::model::dual::estep::{e_step_at, EStepConfig, PointSites};
+use crate::model::dual::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms, Objective};
+use crate::model::dual::posterior::{Cross, DualPosterior};
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::Likelihood;
+use crate::model::math::inducing::{select_inducing, Pivot};
+use crate::model::math::optim::{lbfgs_maximize, Adam, Optimizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -75,7 +75,7 @@ pub struct OfflineModel {
 /// Trains from the prior: `Z` by pivoted Cholesky on `data` (`m` points),
 /// then `config.rounds` of E-step and M-step.
 pub fn fit_offline(
-    kernel: super::kernel::Kernel,
+    kernel: crate::model::math::kernel::Kernel,
     likelihood: Likelihood,
     data: &Data,
     m: usize,

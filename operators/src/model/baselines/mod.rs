@@ -1,0 +1,5 @@
+//! Learners to compare against, built from the same parts: Bui et al.'s
+//! streaming sparse GP and the offline trainer that sees all data at once.
+
+pub mod offline;
+pub mod osgpr;
