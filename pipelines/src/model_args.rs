@@ -23,6 +23,8 @@ pub enum KernelName {
     Matern32,
     Matern12,
     Rbf,
+    /// `σ² xᵀx` alone: Bayesian linear regression (with softmax, multinomial logistic).
+    Linear,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -138,7 +140,8 @@ pub const ARD_MAX_INPUTS: usize = 32;
 /// The settings after defaults, preset and flags are applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    pub family: Family,
+    /// The stationary part's family; `None`: no stationary part (`--kernel linear`).
+    pub family: Option<Family>,
     /// One lengthscale per input; `None`: up to [`ARD_MAX_INPUTS`] inputs.
     pub ard: Option<bool>,
     pub bias: bool,
@@ -197,7 +200,7 @@ impl ModelArgs {
         let reference = self.preset == Some(Preset::Reference);
         let mut s = if reference {
             Settings {
-                family: Family::Matern52,
+                family: Some(Family::Matern52),
                 ard: Some(false),
                 bias: false,
                 linear: false,
@@ -222,7 +225,7 @@ impl ModelArgs {
             }
         } else {
             Settings {
-                family: Family::Matern52,
+                family: Some(Family::Matern52),
                 ard: None,
                 bias: false,
                 linear: false,
@@ -248,10 +251,11 @@ impl ModelArgs {
         };
         if let Some(k) = self.kernel {
             s.family = match k {
-                KernelName::Matern52 => Family::Matern52,
-                KernelName::Matern32 => Family::Matern32,
-                KernelName::Matern12 => Family::Matern12,
-                KernelName::Rbf => Family::SquaredExponential,
+                KernelName::Matern52 => Some(Family::Matern52),
+                KernelName::Matern32 => Some(Family::Matern32),
+                KernelName::Matern12 => Some(Family::Matern12),
+                KernelName::Rbf => Some(Family::SquaredExponential),
+                KernelName::Linear => None,
             };
         }
         if self.ard.is_some() {
@@ -371,15 +375,15 @@ impl Settings {
             1.0
         };
         let ard = self.ard.unwrap_or(d <= ARD_MAX_INPUTS);
-        let mut parts = vec![Kernel::stationary(
-            self.family,
-            1.0,
-            vec![lengthscale; if ard { d } else { 1 }],
-        )];
+        let mut parts: Vec<Kernel> = self
+            .family
+            .map(|family| Kernel::stationary(family, 1.0, vec![lengthscale; if ard { d } else { 1 }]))
+            .into_iter()
+            .collect();
         if self.bias {
             parts.push(Kernel::Constant { variance: 1.0 });
         }
-        if self.linear {
+        if self.linear || self.family.is_none() {
             // k(x, x) = 1 on average over standardised inputs, as the others.
             parts.push(Kernel::Linear {
                 variance: 1.0 / d.max(1) as f64,
@@ -455,6 +459,21 @@ mod tests {
         assert_eq!(lengthscales(&["--ard", "false"], 8), 1);
         assert_eq!(lengthscales(&["--preset", "reference"], 8), 1);
         assert_eq!(lengthscales(&["--preset", "reference", "--ard", "true"], 8), 8);
+    }
+
+    #[test]
+    fn a_linear_kernel_alone_is_one_variance_per_input_scale() {
+        assert_eq!(
+            settings(&["--kernel", "linear"]).kernel(4),
+            Kernel::Linear { variance: 0.25 }
+        );
+        let Kernel::Sum(parts) = settings(&["--kernel", "linear", "--bias"]).kernel(4) else {
+            panic!("a sum")
+        };
+        assert_eq!(
+            parts,
+            vec![Kernel::Constant { variance: 1.0 }, Kernel::Linear { variance: 0.25 }]
+        );
     }
 
     #[test]
