@@ -11,6 +11,7 @@ use std::time::Instant;
 use dualgp::operators::dataflow::{LearnGp, Record};
 use dualgp::operators::model::{
     Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, SequentialConfig, SequentialLearner,
+    StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

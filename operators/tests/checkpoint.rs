@@ -9,7 +9,7 @@ use dualgp_operators::dataflow::{
 };
 use dualgp_operators::model::{
     EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, PastInMStep, Predictive,
-    SequentialConfig, SequentialLearner,
+    SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};

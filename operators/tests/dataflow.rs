@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
 use dualgp_operators::model::{
     Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep,
-    Predictive, SequentialConfig, SequentialLearner,
+    Predictive, SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use dualgp_operators::dataflow::{delayed_labels, LearnGp, ModelUpdate, Record};
 use dualgp_operators::model::{
     EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep, Predictive,
-    SequentialConfig, SequentialLearner,
+    SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};

@@ -11,7 +11,7 @@ use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::dual::objective::{hyperparameters, set_hyperparameters};
 use dualgp_operators::model::{
     Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, ModelError, OsgprConfig, OsgprInducing,
-    OsgprLearner, PointSites,
+    OsgprLearner, PointSites, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

@@ -6,7 +6,7 @@ use dualgp_operators::model::dual::memory::{reservoir_key, top_k};
 use dualgp_operators::model::dual::point::point_uniform;
 use dualgp_operators::model::{
     bayesian_leverage_scores, Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link,
-    MemoryPolicy, Optimizer, PastInMStep, PointId, PointSites, SequentialConfig, SequentialLearner,
+    MemoryPolicy, Optimizer, PastInMStep, PointId, PointSites, SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};

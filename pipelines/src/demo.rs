@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use arrow::array::{ArrayRef, Float64Array, Int64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use dualgp_operators::model::{Data, SequentialLearner};
+use dualgp_operators::model::{Data, SequentialLearner, StreamingLearner};
 use nalgebra::{DMatrix, DVector};
 use parquet::arrow::ArrowWriter;
 use rand::{Rng, SeedableRng};

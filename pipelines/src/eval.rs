@@ -7,21 +7,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use dualgp_connectors::{ColumnSpec, Table};
 use dualgp_operators::model::dual::objective::named_hyperparameters;
-use dualgp_operators::model::{fit_offline, Data, Likelihood, Metrics, OfflineConfig, OsgprLearner, SequentialLearner};
+use dualgp_operators::model::{fit_offline, Data, Likelihood, Metrics, OfflineConfig, StreamingLearner};
 use serde::Serialize;
 
-use crate::model_args::{check_workers, ModelArgs};
+use crate::model_args::{check_workers, Method, ModelArgs};
 use crate::protocol::{fold_split, prepare, Order, Prepared, Split};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Method {
-    DualMemory,
-    Osgpr,
-    Offline,
-}
 
 /// `dualgp eval`'s flags: the data and protocol here, the model in [`ModelArgs`].
 #[derive(Debug, Clone, Args)]
@@ -146,19 +139,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                     .rows(0, settings.sequential.inducing.min(train.n()))
                     .into_owned()
             });
-            let mut learner: Box<dyn Streaming> = if streaming == Method::DualMemory {
-                let mut l = SequentialLearner::new(kernel, likelihood.clone(), settings.sequential.clone())?;
-                if let Some(z) = first_rows {
-                    l = l.with_inducing(z)?;
-                }
-                Box::new(l)
-            } else {
-                let mut l = OsgprLearner::new(kernel, likelihood.clone(), settings.osgpr.clone())?;
-                if let Some(z) = first_rows {
-                    l = l.with_inducing(z)?;
-                }
-                Box::new(l)
-            };
+            let mut learner = settings.streaming_learner(streaming, kernel, likelihood.clone(), first_rows)?;
             let metrics = stream(
                 learner.as_mut(),
                 &prepared,
@@ -204,7 +185,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         }
     };
     let report = Report {
-        method: method_name(args.method).into(),
+        method: args.method.name().into(),
         data: args.data.display().to_string(),
         fold: args.fold,
         likelihood: likelihood.name(),
@@ -225,46 +206,10 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     Ok(report)
 }
 
-/// A learner that sees the batches in turn.
-trait Streaming {
-    /// Learns one batch; returns the records seen so far.
-    fn learn(&mut self, batch: &Data) -> Result<u64>;
-    fn score(&self, test: &Data) -> Result<Metrics>;
-    fn hyperparameters(&self) -> Vec<(String, f64)>;
-}
-
-impl Streaming for SequentialLearner {
-    fn learn(&mut self, batch: &Data) -> Result<u64> {
-        Ok(self.update(batch)?.n_seen)
-    }
-
-    fn score(&self, test: &Data) -> Result<Metrics> {
-        Ok(self.evaluate(test)?)
-    }
-
-    fn hyperparameters(&self) -> Vec<(String, f64)> {
-        SequentialLearner::hyperparameters(self)
-    }
-}
-
-impl Streaming for OsgprLearner {
-    fn learn(&mut self, batch: &Data) -> Result<u64> {
-        Ok(self.update(batch)?.n_seen)
-    }
-
-    fn score(&self, test: &Data) -> Result<Metrics> {
-        Ok(self.evaluate(test)?)
-    }
-
-    fn hyperparameters(&self) -> Vec<(String, f64)> {
-        OsgprLearner::hyperparameters(self)
-    }
-}
-
 /// Feeds the batches in order, timing only the update, and scores the test
 /// set after each; returns the last metrics.
 fn stream(
-    learner: &mut dyn Streaming,
+    learner: &mut dyn StreamingLearner,
     prepared: &Prepared,
     train: &Data,
     (test, tasks): (&Data, &TestTasks),
@@ -277,11 +222,11 @@ fn stream(
     for (b, rows) in prepared.batches.iter().enumerate() {
         let batch = train.select(&rows.clone().collect::<Vec<_>>());
         let started = Instant::now();
-        let n_seen = learner.learn(&batch)?;
+        let n_seen = learner.learn_batch(&batch)?.n_seen;
         let seconds = started.elapsed().as_secs_f64();
         *total += seconds;
-        let metrics = learner.score(test)?;
-        let by_task = tasks.score(|t| learner.score(t))?;
+        let metrics = learner.evaluate(test)?;
+        let by_task = tasks.score(|t| Ok(learner.evaluate(t)?))?;
         batches.push(batch_report(b + 1, n_seen, seconds, &metrics, by_task));
         last = Some(metrics);
         progress(b + 1, n_batches);
@@ -343,13 +288,5 @@ impl TestTasks {
             }
         }
         Ok(out)
-    }
-}
-
-fn method_name(m: Method) -> &'static str {
-    match m {
-        Method::DualMemory => "dual-memory",
-        Method::Osgpr => "osgpr",
-        Method::Offline => "offline",
     }
 }

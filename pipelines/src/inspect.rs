@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
-use dualgp_operators::model::Kernel;
+use dualgp_operators::model::{Kernel, StreamingLearner};
 use serde::Serialize;
 
 /// A checkpoint's model in a few numbers.

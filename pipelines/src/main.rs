@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use dualgp_operators::model::StreamingLearner;
 use dualgp_pipelines::model_args::ModelArgs;
 use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve};
 use indicatif::{ProgressBar, ProgressStyle};

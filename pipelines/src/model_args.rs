@@ -5,8 +5,9 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
     EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, OsgprConfig, OsgprInducing,
-    PastInMStep, Pivot, SequentialConfig,
+    OsgprLearner, PastInMStep, Pivot, SequentialConfig, SequentialLearner, StreamingLearner,
 };
+use nalgebra::DMatrix;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -14,6 +15,27 @@ use serde::Deserialize;
 pub enum Preset {
     /// The reference implementation's settings (AaltoML/sequential-gp).
     Reference,
+}
+
+/// The learners `--method` chooses from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Method {
+    /// The memory-based dual sparse GP (Chang et al. 2023).
+    DualMemory,
+    /// Bui et al.'s streaming sparse GP (2017).
+    Osgpr,
+    /// All training data at once (t-SVGP): the gold standard, not a streaming learner.
+    Offline,
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::DualMemory => "dual-memory",
+            Method::Osgpr => "osgpr",
+            Method::Offline => "offline",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -394,6 +416,34 @@ impl Settings {
         } else {
             Kernel::Sum(parts)
         }
+    }
+
+    /// The streaming learner `method` names, from `kernel` and `likelihood`
+    /// (and inducing inputs `z`, if given): the one registry of `--method`.
+    pub fn streaming_learner(
+        &self,
+        method: Method,
+        kernel: Kernel,
+        likelihood: Likelihood,
+        z: Option<DMatrix<f64>>,
+    ) -> Result<Box<dyn StreamingLearner>> {
+        Ok(match method {
+            Method::DualMemory => {
+                let learner = SequentialLearner::new(kernel, likelihood, self.sequential.clone())?;
+                Box::new(match z {
+                    Some(z) => learner.with_inducing(z)?,
+                    None => learner,
+                })
+            }
+            Method::Osgpr => {
+                let learner = OsgprLearner::new(kernel, likelihood, self.osgpr.clone())?;
+                Box::new(match z {
+                    Some(z) => learner.with_inducing(z)?,
+                    None => learner,
+                })
+            }
+            Method::Offline => bail!("--method offline learns all data at once, not a stream"),
+        })
     }
 
     /// The likelihood to learn with: a Gaussian starts at the settings' noise.

@@ -20,7 +20,7 @@ use dualgp_connectors::{
     PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
 };
 use dualgp_operators::dataflow::{LearnGp, Prediction, Record};
-use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner};
+use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
 use nalgebra::DMatrix;
 use serde::Serialize;
 use timely::dataflow::operators::{Input, Inspect, Probe};

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
-use dualgp_operators::model::{Predictive, SequentialLearner};
+use dualgp_operators::model::{Predictive, SequentialLearner, StreamingLearner};
 use nalgebra::DMatrix;
 use plotters::prelude::*;
 

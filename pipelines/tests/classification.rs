@@ -3,7 +3,7 @@
 //! at input dimensions in the hundreds.
 
 use dualgp_connectors::{shared_data, ColumnSpec, Table};
-use dualgp_operators::model::{Data, Likelihood, MemoryPolicy, Metrics, Pivot, SequentialLearner};
+use dualgp_operators::model::{Data, Likelihood, MemoryPolicy, Metrics, Pivot, SequentialLearner, StreamingLearner};
 use dualgp_pipelines::model_args::ModelArgs;
 use dualgp_pipelines::protocol::Standardizer;
 use nalgebra::{DMatrix, DVector};

@@ -16,7 +16,7 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::StreamVec;
 
 use super::reduce_stage::ModelUpdate;
-use crate::model::SequentialLearner;
+use crate::model::{SequentialLearner, StreamingLearner};
 
 /// The checkpoint format this code writes and reads. Version 1 held the
 /// posterior's site totals unwhitened; whitening them on load would lose the

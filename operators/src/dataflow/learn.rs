@@ -8,7 +8,7 @@ use super::partition_stage::{partition_stage, Arrival, StageOutput};
 use super::record::{Prediction, Record, Rejected};
 use super::reduce_stage::{reduce_stage, ModelUpdate, ReduceOutput};
 use super::Round;
-use crate::model::SequentialLearner;
+use crate::model::{SequentialLearner, StreamingLearner};
 
 /// The streams a learner produces, all timestamped by epoch.
 pub struct GpStreams<'scope> {

@@ -11,6 +11,7 @@ pub mod baselines;
 pub mod data;
 pub mod dual;
 pub mod error;
+pub mod learner;
 pub mod likelihood;
 pub mod math;
 pub mod predict;
@@ -28,6 +29,7 @@ pub use dual::sequential::{
 pub use dual::shard::{Answer, BlockSums, Partition, Query, Shard, Summand, BLOCKS};
 pub use dual::snapshot::Snapshot;
 pub use error::ModelError;
+pub use learner::{Learned, StreamingLearner};
 pub use likelihood::{Likelihood, Link, Predictive};
 pub use math::inducing::Pivot;
 pub use math::kernel::{Family, Kernel};

@@ -41,17 +41,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::estep::{e_step_until, EStepConfig, PointSites};
-use crate::model::dual::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
+use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
 use crate::model::error::{ModelError, Result};
-use crate::model::likelihood::{Expectation, Likelihood, Predictive};
+use crate::model::learner::{Learned, StreamingLearner};
+use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::inducing::{pivoted_cholesky, select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
 use crate::model::math::linalg::{
     cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed,
 };
 use crate::model::math::optim::lbfgs_maximize;
-use crate::model::predict::{evaluate, predict, Metrics};
 
 /// How the inducing inputs `b` of a new batch are chosen from the old `a`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -903,43 +903,6 @@ impl OsgprLearner {
         self.posterior.as_ref()
     }
 
-    pub fn kernel(&self) -> &Kernel {
-        self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
-    }
-
-    /// Kernel then likelihood hyperparameters by name, on their natural scale.
-    pub fn hyperparameters(&self) -> Vec<(String, f64)> {
-        named_hyperparameters(self.kernel(), &self.likelihood)
-    }
-
-    /// Restores the cached factors after deserialisation.
-    pub fn ensure_factors(&mut self) -> Result<()> {
-        self.posterior.as_mut().map_or(Ok(()), DualPosterior::ensure_factors)
-    }
-
-    pub fn predict(&self, x: &DMatrix<f64>) -> Result<Vec<Predictive>> {
-        let post = self.require()?;
-        if x.ncols() != post.d() {
-            return Err(ModelError::Dimension {
-                what: "inputs".into(),
-                expected: post.d(),
-                got: x.ncols(),
-            });
-        }
-        Ok(predict(post, &self.likelihood, x))
-    }
-
-    pub fn evaluate(&self, data: &Data) -> Result<Metrics> {
-        evaluate(self.require()?, &self.likelihood, data)
-    }
-
-    fn require(&self) -> Result<&DualPosterior> {
-        self.posterior
-            .as_ref()
-            .filter(|_| self.batches > 0)
-            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
-    }
-
     /// Learns `batch` by maximising the online bound, then keeps only `q(b)`.
     pub fn update(&mut self, batch: &Data) -> Result<OsgprReport> {
         let started = Instant::now();
@@ -1127,5 +1090,40 @@ impl Fit {
     fn finish(&mut self, old: Option<&OldTerm>, data: &Data, config: &OsgprConfig) -> Result<(DualPosterior, f64)> {
         let (bound, whitened) = self.profile(old, data, config)?;
         Ok((self.online(old, data).posterior(&whitened)?, bound.value))
+    }
+}
+
+impl StreamingLearner for OsgprLearner {
+    fn learn_batch(&mut self, batch: &Data) -> Result<Learned> {
+        let report = self.update(batch)?;
+        Ok(Learned {
+            batch: report.batch,
+            n_seen: report.n_seen,
+            seconds: report.seconds,
+            details: vec![
+                ("bound", report.bound),
+                ("evaluations", report.evaluations as f64),
+                ("moved_inducing", f64::from(u8::from(report.moved_inducing))),
+            ],
+        })
+    }
+
+    fn fitted(&self) -> Result<&DualPosterior> {
+        self.posterior
+            .as_ref()
+            .filter(|_| self.batches > 0)
+            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
+    }
+
+    fn likelihood(&self) -> &Likelihood {
+        &self.likelihood
+    }
+
+    fn kernel(&self) -> &Kernel {
+        self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
+    }
+
+    fn ensure_factors(&mut self) -> Result<()> {
+        self.posterior.as_mut().map_or(Ok(()), DualPosterior::ensure_factors)
     }
 }

@@ -15,18 +15,18 @@ use serde::{Deserialize, Serialize};
 use crate::model::data::Data;
 use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
 use crate::model::dual::memory::{top_k, Memory, MemoryPolicy};
-use crate::model::dual::objective::{hyperparameters, named_hyperparameters, set_hyperparameters};
+use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
 use crate::model::dual::past::PastMessage;
 use crate::model::dual::point::PointId;
 use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
 use crate::model::dual::shard::{Answer, Partition, Query, Shard};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
-use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::learner::{Learned, StreamingLearner};
+use crate::model::likelihood::Likelihood;
 use crate::model::math::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
 use crate::model::math::optim::{Adam, Lbfgs, Optimizer};
-use crate::model::predict::{evaluate, predict, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -205,40 +205,11 @@ impl SequentialLearner {
         self.posterior.as_ref()
     }
 
-    pub fn kernel(&self) -> &Kernel {
-        self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
-    }
-
-    /// Kernel then likelihood hyperparameters by name, on their natural scale.
-    pub fn hyperparameters(&self) -> Vec<(String, f64)> {
-        named_hyperparameters(self.kernel(), &self.likelihood)
-    }
-
     fn init(&mut self, z: DMatrix<f64>) -> Result<()> {
         let post = DualPosterior::new(self.kernel.clone(), z, self.likelihood.n_latent())?;
         self.memory = Memory::default();
         self.posterior = Some(post);
         Ok(())
-    }
-
-    /// Restores the cached factors after deserialisation.
-    pub fn ensure_factors(&mut self) -> Result<()> {
-        self.posterior.as_mut().map_or(Ok(()), DualPosterior::ensure_factors)
-    }
-
-    /// Predictions at `x` (the prior before the first batch is not available: an error).
-    pub fn predict(&self, x: &DMatrix<f64>) -> Result<Vec<Predictive>> {
-        Ok(predict(self.require()?, &self.likelihood, x))
-    }
-
-    pub fn evaluate(&self, data: &Data) -> Result<Metrics> {
-        evaluate(self.require()?, &self.likelihood, data)
-    }
-
-    fn require(&self) -> Result<&DualPosterior> {
-        self.posterior
-            .as_ref()
-            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
     }
 
     /// Algorithm 1: learns from `batch` and forgets it but for the memory.
@@ -295,7 +266,7 @@ impl SequentialLearner {
         };
         // Past data but the memory, over the inducing inputs it was learned on.
         let message = (self.config.past_in_m_step == PastInMStep::Message).then(|| {
-            let post = self.require().expect("initialised");
+            let post = self.fitted().expect("initialised");
             let mut past = post.whitened.clone();
             for (past, mem) in past.iter_mut().zip(&self.memory.whitened_totals(post)) {
                 past.add(mem, -1.0);
@@ -314,7 +285,7 @@ impl SequentialLearner {
         };
         for round in 0..rounds {
             let before = (self.config.reexpress_old_data && message.is_none())
-                .then(|| self.require().cloned())
+                .then(|| self.fitted().cloned())
                 .transpose()?;
             self.m_step(shards, message.as_ref()).await?;
             if let Some(before) = &before {
@@ -406,13 +377,13 @@ impl SequentialLearner {
             let here = self
                 .totals(shards, Query::Contribution { model: self.current() })
                 .await?;
-            without(&self.require()?.whitened, &here)
+            without(&self.fitted()?.whitened, &here)
         } else {
             Vec::new()
         };
         let mut guard = Backtracking::new(e_step.rho);
         for _ in 0..e_step.steps {
-            let start = self.require()?.whitened.clone();
+            let start = self.fitted()?.whitened.clone();
             let query = Query::EStep {
                 model: self.current(),
                 rho: guard.rho(),
@@ -443,7 +414,7 @@ impl SequentialLearner {
         match shards.ask(query).await {
             Answer::Totals(t) => Ok(t.total()),
             Answer::Nothing => {
-                let post = self.require()?;
+                let post = self.fitted()?;
                 Ok(vec![Sites::zeros(post.m()); post.n_latent()])
             }
             other => Err(unexpected("site totals", &other)),
@@ -536,7 +507,7 @@ impl SequentialLearner {
         let here = self
             .totals(shards, Query::Contribution { model: self.current() })
             .await?;
-        let post = self.require()?;
+        let post = self.fitted()?;
         let mut sites = post.whitened.clone();
         for (sites, here) in sites.iter_mut().zip(&here) {
             sites.add(here, -1.0);
@@ -568,7 +539,7 @@ impl SequentialLearner {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        let post = self.require()?;
+        let post = self.fitted()?;
         let mut objective = terms.finish(post, &self.likelihood, past.map(|p| p.sites.as_slice()));
         if let Some(past) = past {
             let (value, grad) = past.message.conditional_term(post);
@@ -681,4 +652,40 @@ fn unexpected(wanted: &str, got: &Answer) -> ModelError {
     let kind = format!("{got:?}");
     let kind = kind.split(['(', ' ', '{']).next().unwrap_or("?").to_string();
     ModelError::Config(format!("the shards answered {kind} where {wanted} were asked for"))
+}
+
+impl StreamingLearner for SequentialLearner {
+    fn learn_batch(&mut self, batch: &Data) -> Result<Learned> {
+        let report = self.update(batch)?;
+        let s = report.seconds;
+        Ok(Learned {
+            batch: report.batch,
+            n_seen: report.n_seen,
+            seconds: s.inducing + s.e_step + s.m_step + s.memory,
+            details: vec![
+                ("memory", report.memory as f64),
+                ("moved_inducing", f64::from(u8::from(report.moved_inducing))),
+                ("seconds_e_step", s.e_step),
+                ("seconds_m_step", s.m_step),
+            ],
+        })
+    }
+
+    fn fitted(&self) -> Result<&DualPosterior> {
+        self.posterior
+            .as_ref()
+            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
+    }
+
+    fn likelihood(&self) -> &Likelihood {
+        &self.likelihood
+    }
+
+    fn kernel(&self) -> &Kernel {
+        self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
+    }
+
+    fn ensure_factors(&mut self) -> Result<()> {
+        self.posterior.as_mut().map_or(Ok(()), DualPosterior::ensure_factors)
+    }
 }

@@ -1,0 +1,65 @@
+//! The interface every streaming learner implements, so that what they share
+//! (predicting, scoring, naming their hyperparameters) is written once and a
+//! pipeline can hold any of them.
+
+use nalgebra::DMatrix;
+
+use crate::model::data::Data;
+use crate::model::dual::objective::named_hyperparameters;
+use crate::model::dual::posterior::DualPosterior;
+use crate::model::error::{ModelError, Result};
+use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::math::kernel::Kernel;
+use crate::model::predict::{evaluate, predict, Metrics};
+
+/// What one update did: figures every learner has, and its own by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learned {
+    /// Updates so far, this one included.
+    pub batch: u64,
+    pub n_seen: u64,
+    pub seconds: f64,
+    pub details: Vec<(&'static str, f64)>,
+}
+
+/// A learner that takes a stream batch by batch and predicts in between. Its
+/// state is a serde value (the checkpoint); after deserialising one, call
+/// [`ensure_factors`](Self::ensure_factors) before predicting.
+pub trait StreamingLearner {
+    /// Learns one batch, its records known by their row index.
+    fn learn_batch(&mut self, batch: &Data) -> Result<Learned>;
+
+    /// The posterior predictions come from; an error while there is none.
+    fn fitted(&self) -> Result<&DualPosterior>;
+
+    fn likelihood(&self) -> &Likelihood;
+
+    /// The kernel: the prior's until the first batch, then the learned one.
+    fn kernel(&self) -> &Kernel;
+
+    /// Rebuilds the cached factors a deserialised learner lacks.
+    fn ensure_factors(&mut self) -> Result<()>;
+
+    /// Predictive distributions at the rows of `x`.
+    fn predict(&self, x: &DMatrix<f64>) -> Result<Vec<Predictive>> {
+        let post = self.fitted()?;
+        if x.ncols() != post.d() {
+            return Err(ModelError::Dimension {
+                what: "inputs".into(),
+                expected: post.d(),
+                got: x.ncols(),
+            });
+        }
+        Ok(predict(post, self.likelihood(), x))
+    }
+
+    /// Test metrics on `data`.
+    fn evaluate(&self, data: &Data) -> Result<Metrics> {
+        evaluate(self.fitted()?, self.likelihood(), data)
+    }
+
+    /// Kernel then likelihood hyperparameters by name, on their natural scale.
+    fn hyperparameters(&self) -> Vec<(String, f64)> {
+        named_hyperparameters(self.kernel(), self.likelihood())
+    }
+}
