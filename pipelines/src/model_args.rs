@@ -120,7 +120,7 @@ pub struct ModelArgs {
     pub memory_per_batch: Option<usize>,
     #[arg(long, value_enum)]
     pub memory_policy: Option<MemoryPolicyName>,
-    /// Bound the memory: a reservoir over the whole stream, BLS-weighted (uniform with --memory-policy random).
+    /// Bound the memory: a reservoir over the whole stream, uniform (BLS-weighted with --memory-policy bls).
     #[arg(long)]
     pub memory_capacity: Option<usize>,
     /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
@@ -263,7 +263,9 @@ impl ModelArgs {
                     relearn_in_m_step: true,
                     past_in_m_step: PastInMStep::Message,
                     optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
-                    memory: MemoryPolicy::PerBatch { k: 20 },
+                    // Uniform, not by BLS: level on the paper-uci folds, better on
+                    // drifting and class-incremental streams (docs/RESULTS.md, session 12).
+                    memory: MemoryPolicy::Random { k: 20 },
                     seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
@@ -352,12 +354,18 @@ impl ModelArgs {
             MemoryPolicy::PerBatch { k } | MemoryPolicy::Random { k } => k,
             _ => 20,
         });
-        q.memory = match (self.memory_policy, self.memory_capacity) {
-            (Some(MemoryPolicyName::None), _) => MemoryPolicy::None,
-            (Some(MemoryPolicyName::Random), Some(capacity)) => MemoryPolicy::RandomReservoir { capacity },
-            (Some(MemoryPolicyName::Random), None) => MemoryPolicy::Random { k },
-            (_, Some(capacity)) => MemoryPolicy::Reservoir { capacity },
-            _ => MemoryPolicy::PerBatch { k },
+        // Without --memory-policy, the preset's kind of memory: uniform by default, BLS for the reference.
+        let policy = self.memory_policy.unwrap_or(match q.memory {
+            MemoryPolicy::PerBatch { .. } | MemoryPolicy::Reservoir { .. } => MemoryPolicyName::Bls,
+            MemoryPolicy::Random { .. } | MemoryPolicy::RandomReservoir { .. } => MemoryPolicyName::Random,
+            MemoryPolicy::None => MemoryPolicyName::None,
+        });
+        q.memory = match (policy, self.memory_capacity) {
+            (MemoryPolicyName::None, _) => MemoryPolicy::None,
+            (MemoryPolicyName::Random, Some(capacity)) => MemoryPolicy::RandomReservoir { capacity },
+            (MemoryPolicyName::Random, None) => MemoryPolicy::Random { k },
+            (MemoryPolicyName::Bls, Some(capacity)) => MemoryPolicy::Reservoir { capacity },
+            (MemoryPolicyName::Bls, None) => MemoryPolicy::PerBatch { k },
         };
         q.validate()
             .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
@@ -482,8 +490,18 @@ mod tests {
     #[test]
     fn a_memory_capacity_bounds_the_random_memory_too() {
         let memory = |args: &[&str]| settings(args).sequential.memory;
+        assert_eq!(memory(&[]), MemoryPolicy::Random { k: 20 });
         assert_eq!(
             memory(&["--memory-capacity", "50"]),
+            MemoryPolicy::RandomReservoir { capacity: 50 }
+        );
+        assert_eq!(
+            memory(&["--memory-policy", "bls", "--memory-capacity", "50"]),
+            MemoryPolicy::Reservoir { capacity: 50 }
+        );
+        assert_eq!(memory(&["--preset", "reference"]), MemoryPolicy::PerBatch { k: 10 });
+        assert_eq!(
+            memory(&["--preset", "reference", "--memory-capacity", "50"]),
             MemoryPolicy::Reservoir { capacity: 50 }
         );
         assert_eq!(
