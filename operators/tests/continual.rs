@@ -5,7 +5,7 @@
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::{
     Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig,
-    OsgprInducing, OsgprLearner, PointSites, SequentialConfig, SequentialLearner,
+    OsgprInducing, OsgprLearner, PointSites, SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;

@@ -29,16 +29,35 @@ pub trait StreamingLearner {
     /// Learns one batch, its records known by their row index.
     fn learn_batch(&mut self, batch: &Data) -> Result<Learned>;
 
-    /// The posterior predictions come from; an error while there is none.
-    fn fitted(&self) -> Result<&DualPosterior>;
+    /// The current posterior over the inducing values, if there is one yet.
+    fn posterior(&self) -> Option<&DualPosterior>;
+
+    fn posterior_mut(&mut self) -> Option<&mut DualPosterior>;
+
+    /// The kernel the learner started from.
+    fn prior_kernel(&self) -> &Kernel;
 
     fn likelihood(&self) -> &Likelihood;
 
+    /// Batches learned so far.
+    fn batches(&self) -> u64;
+
+    /// The posterior predictions come from: none before the first batch.
+    fn fitted(&self) -> Result<&DualPosterior> {
+        self.posterior()
+            .filter(|_| self.batches() > 0)
+            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
+    }
+
     /// The kernel: the prior's until the first batch, then the learned one.
-    fn kernel(&self) -> &Kernel;
+    fn kernel(&self) -> &Kernel {
+        self.posterior().map_or(self.prior_kernel(), |p| &p.kernel)
+    }
 
     /// Rebuilds the cached factors a deserialised learner lacks.
-    fn ensure_factors(&mut self) -> Result<()>;
+    fn ensure_factors(&mut self) -> Result<()> {
+        self.posterior_mut().map_or(Ok(()), DualPosterior::ensure_factors)
+    }
 
     /// Predictive distributions at the rows of `x`.
     fn predict(&self, x: &DMatrix<f64>) -> Result<Vec<Predictive>> {

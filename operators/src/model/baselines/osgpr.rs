@@ -898,11 +898,6 @@ impl OsgprLearner {
         Ok(self)
     }
 
-    /// The current posterior: the prior over given inducing inputs before the first batch.
-    pub fn posterior(&self) -> Option<&DualPosterior> {
-        self.posterior.as_ref()
-    }
-
     /// Learns `batch` by maximising the online bound, then keeps only `q(b)`.
     pub fn update(&mut self, batch: &Data) -> Result<OsgprReport> {
         let started = Instant::now();
@@ -1108,22 +1103,23 @@ impl StreamingLearner for OsgprLearner {
         })
     }
 
-    fn fitted(&self) -> Result<&DualPosterior> {
-        self.posterior
-            .as_ref()
-            .filter(|_| self.batches > 0)
-            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
+    fn posterior(&self) -> Option<&DualPosterior> {
+        self.posterior.as_ref()
+    }
+
+    fn posterior_mut(&mut self) -> Option<&mut DualPosterior> {
+        self.posterior.as_mut()
+    }
+
+    fn prior_kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    fn batches(&self) -> u64 {
+        self.batches
     }
 
     fn likelihood(&self) -> &Likelihood {
         &self.likelihood
-    }
-
-    fn kernel(&self) -> &Kernel {
-        self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
-    }
-
-    fn ensure_factors(&mut self) -> Result<()> {
-        self.posterior.as_mut().map_or(Ok(()), DualPosterior::ensure_factors)
     }
 }

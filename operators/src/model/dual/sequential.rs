@@ -200,9 +200,11 @@ impl SequentialLearner {
         Ok(self)
     }
 
-    /// The current posterior; `None` before the first batch.
-    pub fn posterior(&self) -> Option<&DualPosterior> {
-        self.posterior.as_ref()
+    /// The posterior, which exists from the first batch (or given inducing inputs) on.
+    fn require(&self) -> Result<&DualPosterior> {
+        self.posterior
+            .as_ref()
+            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
     }
 
     fn init(&mut self, z: DMatrix<f64>) -> Result<()> {
@@ -266,7 +268,7 @@ impl SequentialLearner {
         };
         // Past data but the memory, over the inducing inputs it was learned on.
         let message = (self.config.past_in_m_step == PastInMStep::Message).then(|| {
-            let post = self.fitted().expect("initialised");
+            let post = self.require().expect("initialised");
             let mut past = post.whitened.clone();
             for (past, mem) in past.iter_mut().zip(&self.memory.whitened_totals(post)) {
                 past.add(mem, -1.0);
@@ -285,7 +287,7 @@ impl SequentialLearner {
         };
         for round in 0..rounds {
             let before = (self.config.reexpress_old_data && message.is_none())
-                .then(|| self.fitted().cloned())
+                .then(|| self.require().cloned())
                 .transpose()?;
             self.m_step(shards, message.as_ref()).await?;
             if let Some(before) = &before {
@@ -377,13 +379,13 @@ impl SequentialLearner {
             let here = self
                 .totals(shards, Query::Contribution { model: self.current() })
                 .await?;
-            without(&self.fitted()?.whitened, &here)
+            without(&self.require()?.whitened, &here)
         } else {
             Vec::new()
         };
         let mut guard = Backtracking::new(e_step.rho);
         for _ in 0..e_step.steps {
-            let start = self.fitted()?.whitened.clone();
+            let start = self.require()?.whitened.clone();
             let query = Query::EStep {
                 model: self.current(),
                 rho: guard.rho(),
@@ -414,7 +416,7 @@ impl SequentialLearner {
         match shards.ask(query).await {
             Answer::Totals(t) => Ok(t.total()),
             Answer::Nothing => {
-                let post = self.fitted()?;
+                let post = self.require()?;
                 Ok(vec![Sites::zeros(post.m()); post.n_latent()])
             }
             other => Err(unexpected("site totals", &other)),
@@ -507,7 +509,7 @@ impl SequentialLearner {
         let here = self
             .totals(shards, Query::Contribution { model: self.current() })
             .await?;
-        let post = self.fitted()?;
+        let post = self.require()?;
         let mut sites = post.whitened.clone();
         for (sites, here) in sites.iter_mut().zip(&here) {
             sites.add(here, -1.0);
@@ -539,7 +541,7 @@ impl SequentialLearner {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        let post = self.fitted()?;
+        let post = self.require()?;
         let mut objective = terms.finish(post, &self.likelihood, past.map(|p| p.sites.as_slice()));
         if let Some(past) = past {
             let (value, grad) = past.message.conditional_term(post);
@@ -671,21 +673,23 @@ impl StreamingLearner for SequentialLearner {
         })
     }
 
-    fn fitted(&self) -> Result<&DualPosterior> {
-        self.posterior
-            .as_ref()
-            .ok_or_else(|| ModelError::Config("the model has not seen a batch yet".into()))
+    fn posterior(&self) -> Option<&DualPosterior> {
+        self.posterior.as_ref()
+    }
+
+    fn posterior_mut(&mut self) -> Option<&mut DualPosterior> {
+        self.posterior.as_mut()
+    }
+
+    fn prior_kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    fn batches(&self) -> u64 {
+        self.batches
     }
 
     fn likelihood(&self) -> &Likelihood {
         &self.likelihood
-    }
-
-    fn kernel(&self) -> &Kernel {
-        self.posterior.as_ref().map_or(&self.kernel, |p| &p.kernel)
-    }
-
-    fn ensure_factors(&mut self) -> Result<()> {
-        self.posterior.as_mut().map_or(Ok(()), DualPosterior::ensure_factors)
     }
 }
