@@ -68,7 +68,7 @@ fn main() {
         std::process::exit(2);
     });
     if let Err(err) = run(cli) {
-        eprintln!("dualgp: {err:#}");
+        eprintln!("dualgp: {}", causes_once(&err));
         std::process::exit(1);
     }
 }
@@ -188,6 +188,22 @@ fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
 }
 
 /// clap's message without its usage block, on one line: every error is one line.
+/// The error and its causes joined by `: `, each cause left out where the
+/// message before it already says it (errors that name their cause in their
+/// own message would otherwise say it twice).
+fn causes_once(err: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in err.chain().map(ToString::to_string) {
+        if !said.contains(&cause) {
+            if !said.is_empty() {
+                said.push_str(": ");
+            }
+            said.push_str(&cause);
+        }
+    }
+    said
+}
+
 fn one_line(message: &str) -> String {
     let said: Vec<&str> = message
         .lines()

@@ -262,8 +262,26 @@ fn bad_invocations_and_bad_files_fail_with_one_line() {
     let no_y = all.project(&[0, 2, 3]).unwrap();
     let unlabelled = dir.path().join("no-y.parquet");
     write(&unlabelled, &no_y, 1000);
-    assert_fails_with(&base(unlabelled.to_str().unwrap()), "y");
+    assert_says_once(&base(unlabelled.to_str().unwrap()), "no column `y`");
+
+    // A text column where a feature should be.
+    let text: ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["a"; all.num_rows()]));
+    let mut columns = all.columns().to_vec();
+    columns[2] = text;
+    let mut fields: Vec<Field> = all.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields[2] = Field::new(fields[2].name(), arrow::datatypes::DataType::Utf8, false);
+    let texts = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    let with_text = dir.path().join("text.parquet");
+    write(&with_text, &texts, 1000);
+    assert_says_once(&base(with_text.to_str().unwrap()), "has type Utf8");
     assert!(!Path::new(out).exists(), "a failed replay left an output file");
+}
+
+/// Fails with one line that states `cause` once (not again as its own cause).
+fn assert_says_once(args: &[&str], cause: &str) {
+    assert_fails_with(args, cause);
+    let stderr = String::from_utf8_lossy(&dualgp(args).stderr).into_owned();
+    assert_eq!(stderr.matches(cause).count(), 1, "{stderr}");
 }
 
 #[test]
