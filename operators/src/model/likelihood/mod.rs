@@ -1184,40 +1184,4 @@ mod tests {
         let back: Likelihood = serde_json::from_str(&json).unwrap();
         assert_eq!(back.log_params(), lik.log_params());
     }
-
-    /// `cargo test -p dualgp-operators --release --lib expectation_speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn expectation_speed() {
-        let liks = [
-            Likelihood::Gaussian { variance: 0.5 },
-            Likelihood::Poisson,
-            probit(),
-            logit(),
-            Likelihood::StudentT { df: 4.0, scale: 1.0 },
-            Likelihood::Softmax {
-                classes: 3,
-                samples: 64,
-                seed: 0,
-            },
-        ];
-        let mut out = Expectation::default();
-        for lik in &liks {
-            let n = lik.n_latent();
-            let (m, v) = (vec![0.3; n], vec![0.7; n]);
-            // Best of many short batches, to see through other load on the machine.
-            let mut best = f64::INFINITY;
-            let mut sink = 0.0;
-            for _ in 0..50 {
-                let start = std::time::Instant::now();
-                for i in 0..2_000 {
-                    lik.expectation(&m, &v, (i % 2) as f64, &mut out);
-                    sink += out.value;
-                }
-                best = best.min(start.elapsed().as_nanos() as f64 / 2_000.0);
-            }
-            let ns = best;
-            println!("{:>16}: {ns:8.1} ns/call (sink {sink:.3})", lik.name());
-        }
-    }
 }
