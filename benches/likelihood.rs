@@ -13,7 +13,14 @@ const CALLS: usize = 1000;
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("likelihood_expectation");
     group.throughput(Throughput::Elements(CALLS as u64));
-    for name in ["gaussian", "poisson", "bernoulli", "bernoulli:logit", "student-t", "softmax:3"] {
+    for name in [
+        "gaussian",
+        "poisson",
+        "bernoulli",
+        "bernoulli:logit",
+        "student-t",
+        "softmax:3",
+    ] {
         let likelihood = Likelihood::parse(name).unwrap();
         let n = likelihood.n_latent();
         let (mean, var) = (vec![0.3; n], vec![0.7; n]);

@@ -54,11 +54,11 @@ fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
     root.fill(&WHITE).map_err(plot_error)?;
     let (left, right) = root.split_horizontally(450);
     let scores = &replay.epoch_scores;
-    let epochs = range(scores.iter().map(|s| s.epoch as f64));
-    let series: [(&str, Vec<(f64, f64)>); 2] = [
+    let epochs = epoch_axis(scores.iter().map(|s| s.epoch));
+    let series: [(&str, Vec<(i64, f64)>); 2] = [
         (
             "prequential NLPD",
-            scores.iter().map(|s| (s.epoch as f64, s.nlpd)).collect(),
+            scores.iter().map(|s| (s.epoch as i64, s.nlpd)).collect(),
         ),
         (
             if scores.iter().any(|s| s.accuracy.is_some()) {
@@ -68,7 +68,7 @@ fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
             },
             scores
                 .iter()
-                .filter_map(|s| s.rmse.or(s.accuracy).map(|v| (s.epoch as f64, v)))
+                .filter_map(|s| s.rmse.or(s.accuracy).map(|v| (s.epoch as i64, v)))
                 .collect(),
         ),
     ];
@@ -80,7 +80,7 @@ fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
             .y_label_area_size(50)
             .build_cartesian_2d(epochs.clone(), range(points.iter().map(|p| p.1)))
             .map_err(plot_error)?;
-        chart.configure_mesh().x_desc("epoch").draw().map_err(plot_error)?;
+        epoch_mesh(&mut chart)?;
         chart
             .draw_series(LineSeries::new(points.clone(), &BLUE))
             .map_err(plot_error)?;
@@ -92,15 +92,16 @@ fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
 }
 
 fn hyperparameters(path: &Path, history: &[(u64, Vec<(String, f64)>)]) -> Result<()> {
-    let root = SVGBackend::new(path, (900, 450)).into_drawing_area();
+    let root = SVGBackend::new(path, (1000, 450)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
+    let (plot, key) = root.split_horizontally(720);
     let names: Vec<String> = history
         .first()
         .map(|h| h.1.iter().map(|p| p.0.clone()).collect())
         .unwrap_or_default();
-    let epochs = range(history.iter().map(|h| h.0 as f64));
+    let epochs = epoch_axis(history.iter().map(|h| h.0));
     let logs = range(history.iter().flat_map(|h| h.1.iter().map(|p| p.1.log10())));
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot)
         .caption(
             "hyperparameters after each epoch (log10, on the standardised scale)",
             ("sans-serif", 18),
@@ -110,22 +111,15 @@ fn hyperparameters(path: &Path, history: &[(u64, Vec<(String, f64)>)]) -> Result
         .y_label_area_size(50)
         .build_cartesian_2d(epochs, logs)
         .map_err(plot_error)?;
-    chart.configure_mesh().x_desc("epoch").draw().map_err(plot_error)?;
+    epoch_mesh(&mut chart)?;
+    let mut entries = Vec::new();
     for (k, name) in names.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
-        let points: Vec<(f64, f64)> = history.iter().map(|(e, p)| (*e as f64, p[k].1.log10())).collect();
-        chart
-            .draw_series(LineSeries::new(points, color))
-            .map_err(plot_error)?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        let points: Vec<(i64, f64)> = history.iter().map(|(e, p)| (*e as i64, p[k].1.log10())).collect();
+        chart.draw_series(LineSeries::new(points, color)).map_err(plot_error)?;
+        entries.push((name.clone(), Mark::Line(color)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    draw_key(&key, &entries)?;
     root.present().map_err(plot_error)
 }
 
@@ -169,9 +163,10 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
     };
     let (inducing, remembered) = (back(&post.z), back(memory.x()));
 
-    let root = SVGBackend::new(path, (1000, 480)).into_drawing_area();
+    let root = SVGBackend::new(path, (1000, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let (left, right) = root.split_horizontally(500);
+    let (panels_area, key) = root.split_vertically(480);
+    let (left, right) = panels_area.split_horizontally(500);
     let panels = [("posterior mean of y", 0), ("posterior sd of y (with noise)", 1)];
     for (area, (title, which)) in [left, right].iter().zip(panels) {
         let values: Vec<f64> = moments.iter().map(|m| if which == 0 { m.0 } else { m.1 }).collect();
@@ -202,20 +197,63 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
             .map_err(plot_error)?;
         chart
             .draw_series(inducing.iter().map(|&p| Cross::new(p, 4, BLACK.stroke_width(2))))
-            .map_err(plot_error)?
-            .label("inducing inputs")
-            .legend(|(x, y)| Cross::new((x + 8, y), 4, BLACK.stroke_width(2)));
+            .map_err(plot_error)?;
         chart
             .draw_series(remembered.iter().map(|&p| Circle::new(p, 3, WHITE.stroke_width(1))))
-            .map_err(plot_error)?
-            .label("memory")
-            .legend(|(x, y)| Circle::new((x + 8, y), 3, BLACK.stroke_width(1)));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
             .map_err(plot_error)?;
     }
+    let entries = [
+        ("inducing inputs".to_string(), Mark::Cross),
+        ("memory (white circles)".to_string(), Mark::Circle),
+    ];
+    draw_key(&key, &entries)?;
     root.present().map_err(plot_error)
+}
+
+/// The epochs as an integer axis: counts get integer ticks.
+fn epoch_axis(epochs: impl Iterator<Item = u64>) -> std::ops::Range<i64> {
+    let (lo, hi) = epochs.fold((u64::MAX, 0), |(lo, hi), e| (lo.min(e), hi.max(e)));
+    (lo.min(hi) as i64)..(hi as i64 + 1)
+}
+
+fn epoch_mesh<DB: DrawingBackend>(
+    chart: &mut ChartContext<
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordi64, plotters::coord::types::RangedCoordf64>,
+    >,
+) -> Result<()> {
+    let span = chart.x_range().end - chart.x_range().start;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .x_labels(span.clamp(2, 12) as usize)
+        .draw()
+        .map_err(plot_error)
+}
+
+/// How a key entry is drawn.
+enum Mark {
+    Line(RGBAColor),
+    Cross,
+    Circle,
+}
+
+/// A key beside the data, not over it: one entry a row, top-down in `area`.
+fn draw_key<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[(String, Mark)],
+) -> Result<()> {
+    let font = ("sans-serif", 14).into_font();
+    for (row, (name, mark)) in entries.iter().enumerate() {
+        let y = 12 + 18 * row as i32;
+        match mark {
+            Mark::Line(color) => area.draw(&PathElement::new(vec![(10, y), (30, y)], color.stroke_width(2))),
+            Mark::Cross => area.draw(&Cross::new((20, y), 4, BLACK.stroke_width(2))),
+            Mark::Circle => area.draw(&Circle::new((20, y), 3, BLACK.stroke_width(1))),
+        }
+        .map_err(plot_error)?;
+        area.draw(&Text::new(name.as_str(), (38, y - 7), font.clone()))
+            .map_err(plot_error)?;
+    }
+    Ok(())
 }
