@@ -177,7 +177,21 @@ fn classification_writes_p1_and_reports_accuracy_of_those_probabilities() {
         "{report} vs {nlpd}"
     );
     assert!((report["prequential_accuracy"].as_f64().unwrap() - hits as f64 / y.len() as f64).abs() < 1e-12);
-    assert!(nlpd < 0.6, "prequential NLPD {nlpd} on mammographic");
+    // After the first epoch (scored by the prior), the model must beat the best
+    // constant predictor, whose NLPD is the labels' entropy (0.69 nats here),
+    // by half the gap a GP closes on these data (10-fold NLPD 0.40, docs/RESULTS.md).
+    let later = 200..y.len();
+    let rate = y[later.clone()].iter().sum::<f64>() / later.len() as f64;
+    let entropy = -(rate * rate.ln() + (1.0 - rate) * (1.0 - rate).ln());
+    let learned = -later
+        .clone()
+        .map(|i| if y[i] == 1.0 { p1[i].ln() } else { (1.0 - p1[i]).ln() })
+        .sum::<f64>()
+        / later.len() as f64;
+    assert!(
+        learned < entropy - 0.5 * (entropy - 0.40),
+        "prequential NLPD after the first epoch {learned}, label entropy {entropy}"
+    );
 }
 
 #[test]
