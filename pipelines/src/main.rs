@@ -60,6 +60,12 @@ enum Command {
 }
 
 fn main() {
+    // Warnings and errors of a running job on stderr; RUST_LOG=info (or a
+    // per-module filter) says more.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .init();
     let cli = Cli::try_parse().unwrap_or_else(|e| {
         if !e.use_stderr() {
             e.exit() // --help and --version

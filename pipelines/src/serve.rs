@@ -266,7 +266,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                 .probe_with(&probe);
             let updates = gp.updates.inspect(move |u| match &u.outcome {
                 Ok(_) => m3.lock().unwrap().updates += 1,
-                Err(why) => eprintln!("dualgp serve: epoch {} could not be learned: {why}", u.epoch),
+                Err(why) => tracing::error!("epoch {} could not be learned: {why}", u.epoch),
             });
             match store {
                 Some(store) => {
@@ -332,7 +332,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                                     committed = Some(epoch);
                                     s.committed_epoch = Some(epoch);
                                 }
-                                Err(e) => eprintln!("dualgp serve: {e}"),
+                                Err(e) => tracing::error!("{e}"),
                             }
                         }
                     }

@@ -93,8 +93,8 @@ impl CheckpointStore {
     }
 
     /// The newest checkpoint that reads back, if any. A newer one that does
-    /// not (truncated, damaged, unreadable) is skipped with a warning on
-    /// stderr; if none reads back, the newest one's error. A checkpoint of
+    /// not (truncated, damaged, unreadable) is skipped with a warning (a
+    /// `tracing` event); if none reads back, the newest one's error. A checkpoint of
     /// another format version is an error, not damage.
     pub fn latest<P: DeserializeOwned>(&self) -> Result<Option<Checkpoint<P>>, CheckpointError> {
         let mut newest_error = None;
@@ -103,7 +103,7 @@ impl CheckpointStore {
                 Ok(checkpoint) => return Ok(Some(checkpoint)),
                 Err(e @ CheckpointError::Version { .. }) => return Err(e),
                 Err(e) => {
-                    eprintln!("warning: {e}; trying the checkpoint before it");
+                    tracing::warn!("{e}; trying the checkpoint before it");
                     newest_error.get_or_insert(e);
                 }
             }
