@@ -99,6 +99,7 @@ impl PredictionLayout {
                 .into_iter()
                 .map(|c| Field::new(c, DataType::Float64, false)),
         );
+        fields.push(Field::new("model_epoch", DataType::UInt64, true));
         Arc::new(Schema::new(fields))
     }
 }
@@ -141,6 +142,9 @@ impl PredictionWriter {
             Arc::new(UInt64Array::from_iter_values(predictions.iter().map(|p| p.epoch))),
         ];
         columns.extend(values.into_iter().map(|v| Arc::new(Float64Array::from(v)) as ArrayRef));
+        columns.push(Arc::new(UInt64Array::from_iter(
+            predictions.iter().map(|p| p.model_epoch),
+        )));
         let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| SinkError::Config(e.to_string()))?;
         self.file.write(&batch)?;
         self.rows += predictions.len() as u64;

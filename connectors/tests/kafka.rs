@@ -332,6 +332,7 @@ fn predictions_go_out_as_json_keyed_by_id() {
         .map(|id| Prediction {
             id,
             epoch: id as u64 / 50,
+            model_epoch: (id as u64 / 50).checked_sub(1),
             predictive: if id % 2 == 0 {
                 Predictive::Moments {
                     mean: id as f64,
@@ -351,7 +352,10 @@ fn predictions_go_out_as_json_keyed_by_id() {
         assert_eq!(messages[&p.id.to_string()], prediction_json(p));
     }
     let odd: serde_json::Value = serde_json::from_str(&messages["7"]).unwrap();
-    assert_eq!(odd, serde_json::json!({"id": 7, "epoch": 0, "p": [0.25, 0.75]}));
+    assert_eq!(
+        odd,
+        serde_json::json!({"id": 7, "epoch": 0, "model_epoch": null, "p": [0.25, 0.75]})
+    );
 }
 
 #[test]

@@ -40,6 +40,7 @@ fn moments(id: i64, epoch: u64) -> Prediction {
     Prediction {
         id,
         epoch,
+        model_epoch: epoch.checked_sub(1),
         predictive: Predictive::Moments {
             mean: id as f64 * 0.5,
             var: 1.0 + id as f64,
@@ -64,7 +65,7 @@ fn moments_are_written_as_id_epoch_mean_var() {
     assert!(path.exists() && !partial_path(&path).exists());
 
     let batch = read(&path);
-    assert_eq!(names(&batch), ["id", "epoch", "mean", "var"]);
+    assert_eq!(names(&batch), ["id", "epoch", "mean", "var", "model_epoch"]);
     assert_eq!(batch.column(0).data_type(), &DataType::Int64);
     assert_eq!(batch.column(1).data_type(), &DataType::UInt64);
     let ids = batch.column(0).as_primitive::<Int64Type>().values().to_vec();
@@ -73,6 +74,9 @@ fn moments_are_written_as_id_epoch_mean_var() {
     assert_eq!((epochs.value(299), epochs.value(300), epochs.value(1000)), (0, 1, 3));
     assert_eq!(f64s(&batch, "mean")[10], 5.0);
     assert_eq!(f64s(&batch, "var")[10], 11.0);
+    let model_epochs = batch.column(4).as_primitive::<UInt64Type>();
+    assert!(model_epochs.is_null(299));
+    assert_eq!((model_epochs.value(300), model_epochs.value(1000)), (0, 2));
 }
 
 #[test]
@@ -81,6 +85,7 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
     let classes = |id, probs: Vec<f64>| Prediction {
         id,
         epoch: 0,
+        model_epoch: None,
         predictive: Predictive::Classes(probs),
         log_density: None,
     };
@@ -93,7 +98,7 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
         .unwrap();
     w.finish().unwrap();
     let batch = read(&path);
-    assert_eq!(names(&batch), ["id", "epoch", "p1"]);
+    assert_eq!(names(&batch), ["id", "epoch", "p1", "model_epoch"]);
     assert_eq!(f64s(&batch, "p1"), [0.75, 0.1]);
 
     let path = dir.path().join("softmax.parquet");
@@ -101,7 +106,7 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
     w.write(&[classes(1, vec![0.2, 0.3, 0.5])]).unwrap();
     w.finish().unwrap();
     let batch = read(&path);
-    assert_eq!(names(&batch), ["id", "epoch", "p0", "p1", "p2"]);
+    assert_eq!(names(&batch), ["id", "epoch", "p0", "p1", "p2", "model_epoch"]);
     assert_eq!(f64s(&batch, "p2"), [0.5]);
 }
 
@@ -116,6 +121,7 @@ fn a_prediction_of_the_wrong_shape_is_an_error_not_a_panic() {
     let two = Prediction {
         id: 5,
         epoch: 0,
+        model_epoch: None,
         predictive: Predictive::Classes(vec![0.5, 0.5]),
         log_density: None,
     };

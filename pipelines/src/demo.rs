@@ -70,6 +70,7 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
         report: None,
         dead_letters: None,
         epochs_in_flight: 2,
+        scoring: Default::default(),
     };
     let outcome = replay::run(&args, |_, _| {})?;
     let model = outcome.learner.context("the stream taught the model nothing")?;

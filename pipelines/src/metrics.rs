@@ -1,6 +1,7 @@
 //! `serve`'s metrics in the Prometheus text format, on a small HTTP endpoint
 //! (127.0.0.1 by default): counters of records in and out and dead letters,
-//! and a histogram of epoch latency (first record read → predictions delivered).
+//! and histograms of epoch latency (first record read → predictions
+//! delivered) and of staleness (epochs a record's model lagged behind it).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -9,30 +10,91 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Upper bounds (seconds) of the latency buckets.
-const LATENCY_BOUNDS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// A cumulative Prometheus histogram.
+#[derive(Debug, Clone)]
+struct Histogram {
+    name: &'static str,
+    help: &'static str,
+    /// Upper bounds of the buckets.
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
 
-#[derive(Debug, Clone, Default)]
+impl Histogram {
+    fn new(name: &'static str, help: &'static str, bounds: &'static [f64]) -> Self {
+        Histogram {
+            name,
+            help,
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, value: f64) {
+        for (count, &bound) in self.counts.iter_mut().zip(self.bounds) {
+            if value <= bound {
+                *count += 1;
+            }
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String) {
+        let Histogram { name, help, .. } = self;
+        *out += &format!("# HELP {name} {help}\n# TYPE {name} histogram\n");
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            *out += &format!("{name}_bucket{{le=\"{bound}\"}} {count}\n");
+        }
+        *out += &format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.count);
+        *out += &format!("{name}_sum {}\n{name}_count {}\n", self.sum, self.count);
+    }
+}
+
+#[derive(Debug, Clone)]
 pub struct Metrics {
     pub records_in: u64,
     pub predictions_out: u64,
     pub dead_letters: u64,
     pub updates: u64,
     pub epochs: u64,
-    latency_counts: [u64; LATENCY_BOUNDS.len()],
-    latency_sum: f64,
-    latency_count: u64,
+    epoch_latency: Histogram,
+    staleness: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            records_in: 0,
+            predictions_out: 0,
+            dead_letters: 0,
+            updates: 0,
+            epochs: 0,
+            epoch_latency: Histogram::new(
+                "dualgp_epoch_latency_seconds",
+                "From an epoch's first record read to its predictions delivered.",
+                &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            ),
+            staleness: Histogram::new(
+                "dualgp_prediction_staleness_epochs",
+                "Epochs before a record's own that the model which scored it had not learned.",
+                &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0],
+            ),
+        }
+    }
 }
 
 impl Metrics {
     pub fn observe_epoch_latency(&mut self, seconds: f64) {
-        for (count, bound) in self.latency_counts.iter_mut().zip(LATENCY_BOUNDS) {
-            if seconds <= bound {
-                *count += 1;
-            }
-        }
-        self.latency_sum += seconds;
-        self.latency_count += 1;
+        self.epoch_latency.observe(seconds);
+    }
+
+    pub fn observe_staleness(&mut self, epochs: u64) {
+        self.staleness.observe(epochs as f64);
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
@@ -60,14 +122,8 @@ impl Metrics {
         for (name, help, value) in counters {
             out += &format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
         }
-        let name = "dualgp_epoch_latency_seconds";
-        out += &format!("# HELP {name} From an epoch's first record read to its predictions delivered.\n");
-        out += &format!("# TYPE {name} histogram\n");
-        for (bound, count) in LATENCY_BOUNDS.iter().zip(self.latency_counts) {
-            out += &format!("{name}_bucket{{le=\"{bound}\"}} {count}\n");
-        }
-        out += &format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.latency_count);
-        out += &format!("{name}_sum {}\n{name}_count {}\n", self.latency_sum, self.latency_count);
+        self.epoch_latency.render(&mut out);
+        self.staleness.render(&mut out);
         out
     }
 }
@@ -137,6 +193,9 @@ mod tests {
             for s in [0.02, 0.3, 0.3, 7.0] {
                 m.observe_epoch_latency(s);
             }
+            for epochs in [0, 0, 3] {
+                m.observe_staleness(epochs);
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         let (addr, thread) = serve_http("127.0.0.1:0".parse().unwrap(), metrics, Arc::clone(&stop)).unwrap();
@@ -167,6 +226,10 @@ mod tests {
             "dualgp_epoch_latency_seconds_bucket{le=\"10\"} 4",
             "dualgp_epoch_latency_seconds_bucket{le=\"+Inf\"} 4",
             "dualgp_epoch_latency_seconds_count 4",
+            "dualgp_prediction_staleness_epochs_bucket{le=\"0\"} 2",
+            "dualgp_prediction_staleness_epochs_bucket{le=\"2\"} 2",
+            "dualgp_prediction_staleness_epochs_bucket{le=\"4\"} 3",
+            "dualgp_prediction_staleness_epochs_sum 3",
         ] {
             assert!(answer.lines().any(|l| l == line), "no `{line}` in\n{answer}");
         }

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use dualgp_operators::dataflow::Scoring;
 use serde::Deserialize;
 
 use crate::model_args::ModelArgs;
@@ -25,6 +26,8 @@ pub struct PipelineConfig {
     /// Epochs read ahead of the learner at most.
     #[serde(default = "two")]
     pub epochs_in_flight: u64,
+    /// prequential | on-arrival (default: prequential for Parquet, on-arrival for Kafka).
+    pub scoring: Option<Scoring>,
     pub source: Source,
     #[serde(default)]
     pub model: ModelArgs,
@@ -134,6 +137,7 @@ impl PipelineConfig {
                     report: sinks.report.clone(),
                     dead_letters: sinks.dead_letters.clone(),
                     epochs_in_flight: self.epochs_in_flight,
+                    scoring: self.scoring.unwrap_or(Scoring::Prequential),
                 })
             }
             Source::Kafka {
@@ -168,6 +172,7 @@ impl PipelineConfig {
                     kafka_options: options.clone().into_iter().collect(),
                     broker_timeout: *broker_timeout,
                     epochs_in_flight: self.epochs_in_flight,
+                    scoring: self.scoring.unwrap_or(Scoring::OnArrival),
                     metrics_port: *metrics_port,
                     metrics_host: std::net::IpAddr::from([127, 0, 0, 1]),
                 })

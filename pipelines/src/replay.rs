@@ -19,7 +19,7 @@ use dualgp_connectors::{
     ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochRule, ParquetSource, ParquetSourceConfig,
     PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
 };
-use dualgp_operators::dataflow::{LearnGp, Prediction, Record};
+use dualgp_operators::dataflow::{GpOptions, LearnGp, Prediction, Record, Scoring};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
 use nalgebra::DMatrix;
 use serde::Serialize;
@@ -57,6 +57,10 @@ pub struct ReplayArgs {
     /// Epochs read ahead of the learner at most (bounds memory).
     #[arg(long, default_value_t = 2)]
     pub epochs_in_flight: u64,
+    /// prequential: epoch e scored by the model of the epochs before it, the
+    /// same on any number of workers; on-arrival: as `serve` scores (timing-dependent).
+    #[arg(long, default_value_t = Scoring::Prequential)]
+    pub scoring: Scoring,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -168,7 +172,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
     let collected = Arc::new(Mutex::new(Collected::default()));
 
     let started = Instant::now();
-    let (path, in_flight) = (args.data.clone(), args.epochs_in_flight);
+    let (path, in_flight, scoring) = (args.data.clone(), args.epochs_in_flight, args.scoring);
     let shared = (Arc::clone(&collected), Arc::clone(&sinks), scaling.clone());
     let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
         let (collected, sinks, scaling) = (&shared.0, &shared.1, &shared.2);
@@ -177,7 +181,13 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         let probe = ProbeHandle::new();
         let (c1, c2, c3) = (Arc::clone(collected), Arc::clone(collected), Arc::clone(collected));
         worker.dataflow::<u64, _, _>(|scope| {
-            let gp = scope.input_from(&mut input).learn_gp(learner.clone(), d);
+            let options = GpOptions {
+                scoring,
+                ..GpOptions::new(d)
+            };
+            let gp = scope
+                .input_from(&mut input)
+                .learn_gp_with(None, learner.clone(), options);
             gp.predictions
                 .inspect(move |p| {
                     c1.lock()

@@ -1,7 +1,8 @@
 //! `dualgp serve`: real-time scoring from Kafka. Every worker reads its share
-//! of the input topic's partitions; each record is scored by the model of the
-//! epochs before it and sent to the output topic keyed by id, then learned
-//! from if it has a label. Bad messages go to `IN.dlq` with the reason. The
+//! of the input topic's partitions; each record is scored on arrival with the
+//! newest model its worker holds (or, `--scoring prequential`, by the model of
+//! the epochs before it) and sent to the output topic keyed by id, then
+//! learned from if it has a label. Bad messages go to `IN.dlq` with the reason. The
 //! flags and messages are a contract (docs/EVALUATION.md): extend, never rename.
 //!
 //! Delivery: an epoch's update is checkpointed (with `--checkpoint-dir`) only
@@ -26,7 +27,7 @@ use dualgp_connectors::{
     ColumnMapping, DeadLetter, DeadLetterProducer, KafkaConnection, KafkaPosition, KafkaSource, KafkaSourceConfig,
     PredictionProducer, StartOffset, WorkerShare,
 };
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, LearnGp, Record, WriteCheckpoints};
+use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, GpOptions, LearnGp, Record, Scoring, WriteCheckpoints};
 use dualgp_operators::model::{Likelihood, SequentialLearner};
 use serde::Serialize;
 use timely::dataflow::operators::{Input, Inspect, Probe};
@@ -73,9 +74,14 @@ pub struct ServeArgs {
     /// The longest wait for the broker (start-up, an outage) before a clear error.
     #[arg(long, default_value_t = 30.0)]
     pub broker_timeout: f64,
-    /// Epochs read ahead of the learner at most.
+    /// Epochs read ahead of the learner at most: with on-arrival scoring,
+    /// the most epochs a record's model can lag behind it.
     #[arg(long, default_value_t = 2)]
     pub epochs_in_flight: u64,
+    /// on-arrival: each record scored at once with the newest model its
+    /// worker holds; prequential: once every earlier epoch is learned.
+    #[arg(long, default_value_t = Scoring::OnArrival)]
+    pub scoring: Scoring,
     /// Serve Prometheus metrics over HTTP on this port.
     #[arg(long)]
     pub metrics_port: Option<u16>,
@@ -179,6 +185,11 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     };
     let d = scaling.x_mean.len();
     config.mapping = config.mapping.with_dimension(d);
+    let options = GpOptions {
+        features: d,
+        scoring: args.scoring,
+        learned_through: resumed.as_ref().map(|c| c.epoch),
+    };
     let learner = match resumed {
         Some(c) => c.learner,
         None => SequentialLearner::new(
@@ -240,14 +251,17 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         let (store, learner) = (store.clone(), learner.clone());
 
         worker.dataflow::<u64, _, _>(|scope| {
-            let gp = scope.input_from(&mut records).learn_gp(learner, d);
+            let gp = scope.input_from(&mut records).learn_gp_with(None, learner, options);
             gp.predictions
                 .inspect_core(move |event| {
                     let Ok((_, batch)) = event else { return };
                     let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
-                    let sent = p1.send(&out);
-                    match sent {
-                        Ok(()) => m1.lock().unwrap().predictions_out += out.len() as u64,
+                    match p1.send(&out) {
+                        Ok(()) => {
+                            let mut m = m1.lock().unwrap();
+                            m.predictions_out += out.len() as u64;
+                            out.iter().for_each(|p| m.observe_staleness(p.staleness()));
+                        }
                         Err(e) => drop(s1.lock().unwrap().error.get_or_insert(e.to_string())),
                     }
                 })

@@ -92,6 +92,11 @@ fn replay(data: &Path, dir: &Path, tag: &str, extra: &[&str]) -> (RecordBatch, s
     (read(&output), report)
 }
 
+fn model_epochs(batch: &RecordBatch) -> Vec<Option<u64>> {
+    let column = batch.column_by_name("model_epoch").expect("a model_epoch column");
+    column.as_any().downcast_ref::<UInt64Array>().unwrap().iter().collect()
+}
+
 fn population_mean_var(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
@@ -110,6 +115,10 @@ fn regression_rows_are_scored_once_in_order_alike_on_one_and_two_workers() {
     let ids = i64s(&one, "id");
     assert_eq!(ids, (0..2500).collect::<Vec<_>>());
     assert_eq!(i64s(&one, "epoch"), ids.iter().map(|i| i / 500).collect::<Vec<_>>());
+    // Prequential: each epoch scored by the update of the epoch before.
+    for (id, model_epoch) in ids.iter().zip(model_epochs(&one)) {
+        assert_eq!(model_epoch, u64::try_from(id / 500 - 1).ok(), "row {id}");
+    }
     assert_eq!(i64s(&two, "id"), ids);
     let y = f64s(&read(&data), "y");
     let (y_mean, y_var) = population_mean_var(&y[..500]);
@@ -151,6 +160,32 @@ fn regression_rows_are_scored_once_in_order_alike_on_one_and_two_workers() {
     assert!(
         later_var < 0.5 * y_var,
         "last epoch residual variance {later_var} vs {y_var}"
+    );
+}
+
+#[test]
+fn on_arrival_scoring_scores_every_row_once_with_an_earlier_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = head_of("elevators", 2000, 700, dir.path());
+    let flags = ["--likelihood", "gaussian", "--batch-size", "250", "--inducing", "20"];
+    let (out, report) = replay(
+        &data,
+        dir.path(),
+        "arrival",
+        &[&flags[..], &["--scoring", "on-arrival", "--workers", "2"]].concat(),
+    );
+    assert_eq!(i64s(&out, "id"), (0..2000).collect::<Vec<_>>());
+    assert_eq!(report["records"], 2000);
+    // Which update scored a row depends on timing; that it came before the row's epoch does not.
+    for (epoch, model_epoch) in i64s(&out, "epoch").into_iter().zip(model_epochs(&out)) {
+        assert!(
+            model_epoch.is_none_or(|m| (m as i64) < epoch),
+            "{model_epoch:?} for epoch {epoch}"
+        );
+    }
+    assert!(
+        model_epochs(&out)[..250].iter().all(Option::is_none),
+        "epoch 0 saw no update"
     );
 }
 

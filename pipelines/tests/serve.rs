@@ -161,8 +161,10 @@ fn get_metrics(port: u16) -> Option<String> {
     Some(answer)
 }
 
-/// Prediction count per id on `out` (`expected` messages awaited), checking each message's shape.
-fn predictions(address: &str, expected: usize) -> BTreeMap<i64, usize> {
+/// The model epochs of each id's predictions on `out` (`expected` messages
+/// awaited), checking each message's shape: `model_epoch` is null (the prior)
+/// or an update before the record's epoch.
+fn predictions(address: &str, expected: usize) -> BTreeMap<i64, Vec<Option<u64>>> {
     let mut seen = BTreeMap::new();
     for text in consume_all(address, "out", 1, expected) {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -171,8 +173,12 @@ fn predictions(address: &str, expected: usize) -> BTreeMap<i64, usize> {
             .unwrap_or_else(|| panic!("no class probabilities in {text}"));
         let (p0, p1) = (p[0].as_f64().unwrap(), p[1].as_f64().unwrap());
         assert!((p0 + p1 - 1.0).abs() < 1e-9 && (0.0..=1.0).contains(&p1), "{text}");
-        assert!(v["epoch"].is_u64(), "{text}");
-        *seen.entry(v["id"].as_i64().unwrap()).or_default() += 1;
+        let (epoch, model_epoch) = (v["epoch"].as_u64(), v["model_epoch"].as_u64());
+        assert!(epoch.is_some(), "{text}");
+        assert!(v["model_epoch"].is_null() || model_epoch < epoch, "{text}");
+        seen.entry(v["id"].as_i64().unwrap())
+            .or_insert_with(Vec::new)
+            .push(model_epoch);
     }
     seen
 }
@@ -204,7 +210,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
     let seen = predictions(&address, 300);
     assert_eq!(seen.len(), 300, "{stdout}");
-    assert!(seen.values().all(|&n| n == 1), "scored twice: {seen:?}");
+    assert!(seen.values().all(|p| p.len() == 1), "scored twice: {seen:?}");
     assert!(first.iter().all(|(id, _)| seen.contains_key(id)));
 
     // The metrics endpoint counted them while serve ran.
@@ -216,6 +222,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
         assert!(page.lines().any(|l| l == line), "no `{line}` in\n{page}");
     }
     assert!(page.contains("dualgp_epoch_latency_seconds_count"), "{page}");
+    assert!(page.contains("dualgp_prediction_staleness_epochs_count 300"), "{page}");
 
     let dlq = consume_all(&address, "in.dlq", 1, malformed.len());
     assert_eq!(dlq.len(), malformed.len(), "{dlq:?}");
@@ -237,7 +244,9 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
     let seen = predictions(&address, 400);
     assert_eq!(seen.len(), 400);
-    assert!(seen.values().all(|&n| n == 1), "scored twice after the restart");
+    assert!(seen.values().all(|p| p.len() == 1), "scored twice after the restart");
+    // Scored on arrival by the restored model at least, never by the prior.
+    assert!(second.iter().all(|(id, _)| seen[id][0].is_some()), "{seen:?}");
 
     // The checkpoint holds a model that learned from every labelled record once.
     let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);

@@ -26,14 +26,17 @@ pub fn dlq_topic(input: &str) -> String {
 }
 
 /// A prediction as the `dualgp serve` output message:
-/// `{"id":…, "epoch":…, "mean":…, "var":…}` or `{"id":…, "epoch":…, "p":[…]}`.
+/// `{"id":…, "epoch":…, "model_epoch":…, "mean":…, "var":…}` or with `"p":[…]`
+/// for classes (`model_epoch` is null before the first update).
 pub fn prediction_json(p: &Prediction) -> String {
-    let value = match &p.predictive {
+    let mut value = serde_json::json!({"id": p.id, "epoch": p.epoch, "model_epoch": p.model_epoch});
+    match &p.predictive {
         Predictive::Moments { mean, var } => {
-            serde_json::json!({"id": p.id, "epoch": p.epoch, "mean": mean, "var": var})
+            value["mean"] = (*mean).into();
+            value["var"] = (*var).into();
         }
-        Predictive::Classes(probs) => serde_json::json!({"id": p.id, "epoch": p.epoch, "p": probs}),
-    };
+        Predictive::Classes(probs) => value["p"] = probs.clone().into(),
+    }
     value.to_string()
 }
 
@@ -223,19 +226,27 @@ mod tests {
         let p = Prediction {
             id: 3,
             epoch: 7,
+            model_epoch: Some(5),
             predictive: Predictive::Moments { mean: 0.5, var: 2.0 },
             log_density: None,
         };
         let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
-        assert_eq!(v, serde_json::json!({"id": 3, "epoch": 7, "mean": 0.5, "var": 2.0}));
+        assert_eq!(
+            v,
+            serde_json::json!({"id": 3, "epoch": 7, "model_epoch": 5, "mean": 0.5, "var": 2.0})
+        );
         let p = Prediction {
             id: -1,
             epoch: 0,
+            model_epoch: None,
             predictive: Predictive::Classes(vec![0.25, 0.75]),
             log_density: None,
         };
         let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
-        assert_eq!(v, serde_json::json!({"id": -1, "epoch": 0, "p": [0.25, 0.75]}));
+        assert_eq!(
+            v,
+            serde_json::json!({"id": -1, "epoch": 0, "model_epoch": null, "p": [0.25, 0.75]})
+        );
         assert_eq!(dlq_topic("in"), "in.dlq");
     }
 }

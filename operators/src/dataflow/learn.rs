@@ -4,7 +4,9 @@ use timely::dataflow::operators::vec::{Broadcast, Map};
 use timely::dataflow::operators::{Concat, ConnectLoop, Enter, Feedback, Leave, OkErr};
 use timely::dataflow::StreamVec;
 
-use super::partition_stage::{partition_stage, Arrival, StageOutput};
+use serde::{Deserialize, Serialize};
+
+use super::partition_stage::{partition_stage, Arrival, StageOutput, Start};
 use super::record::{Prediction, Record, Rejected};
 use super::reduce_stage::{reduce_stage, ModelUpdate, ReduceOutput};
 use super::Round;
@@ -12,12 +14,66 @@ use crate::model::{SequentialLearner, StreamingLearner};
 
 /// The streams a learner produces, all timestamped by epoch.
 pub struct GpStreams<'scope> {
-    /// Every accepted record, scored with the model learned from earlier epochs.
+    /// Every accepted record, scored as [`Scoring`] says.
     pub predictions: StreamVec<'scope, u64, Prediction>,
     /// One per epoch with labelled records, from worker 0.
     pub updates: StreamVec<'scope, u64, ModelUpdate>,
     /// Records of the wrong dimension, with non-finite features or invalid labels.
     pub rejected: StreamVec<'scope, u64, Rejected>,
+}
+
+/// When records are scored; on the command line `prequential` or `on-arrival`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scoring {
+    /// Epoch `e` is scored once the updates of every earlier epoch are done,
+    /// with their model: the same predictions on any number of workers (backtests).
+    #[default]
+    Prequential,
+    /// Each record is scored the moment its worker sees it, with the newest
+    /// model that worker holds; learning never holds scoring back (serving).
+    OnArrival,
+}
+
+impl std::str::FromStr for Scoring {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "prequential" => Ok(Scoring::Prequential),
+            "on-arrival" => Ok(Scoring::OnArrival),
+            _ => Err(format!("`{s}` is not a scoring; use prequential or on-arrival")),
+        }
+    }
+}
+
+impl std::fmt::Display for Scoring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Scoring::Prequential => "prequential",
+            Scoring::OnArrival => "on-arrival",
+        })
+    }
+}
+
+/// How the operator runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpOptions {
+    /// Inputs per record.
+    pub features: usize,
+    pub scoring: Scoring,
+    /// The epoch whose update made the starting learner (restored from a
+    /// checkpoint); predictions made with it say so in `model_epoch`.
+    pub learned_through: Option<u64>,
+}
+
+impl GpOptions {
+    /// Prequential scoring of records with `features` inputs, from a fresh learner.
+    pub fn new(features: usize) -> Self {
+        GpOptions {
+            features,
+            ..GpOptions::default()
+        }
+    }
 }
 
 pub trait LearnGp<'scope> {
@@ -35,12 +91,20 @@ pub trait LearnGp<'scope> {
         learner: SequentialLearner,
         features: usize,
     ) -> GpStreams<'scope>;
+
+    /// [`learn_gp`](Self::learn_gp), or with `late` labels
+    /// [`learn_gp_late`](Self::learn_gp_late), with a choice of scoring (see [`GpOptions`]).
+    fn learn_gp_with(
+        self,
+        late: Option<StreamVec<'scope, u64, Record>>,
+        learner: SequentialLearner,
+        options: GpOptions,
+    ) -> GpStreams<'scope>;
 }
 
 impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
     fn learn_gp(self, learner: SequentialLearner, features: usize) -> GpStreams<'scope> {
-        let none = timely::dataflow::operators::generic::operator::empty(self.scope());
-        self.learn_gp_late(none, learner, features)
+        self.learn_gp_with(None, learner, GpOptions::new(features))
     }
 
     fn learn_gp_late(
@@ -49,15 +113,29 @@ impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
         learner: SequentialLearner,
         features: usize,
     ) -> GpStreams<'scope> {
+        self.learn_gp_with(Some(late), learner, GpOptions::new(features))
+    }
+
+    fn learn_gp_with(
+        self,
+        late: Option<StreamVec<'scope, u64, Record>>,
+        learner: SequentialLearner,
+        options: GpOptions,
+    ) -> GpStreams<'scope> {
         let outer = self.scope();
         let scored = self.map(|record| Arrival { record, score: true });
+        let late = late.unwrap_or_else(|| timely::dataflow::operators::generic::operator::empty(outer));
         let learned = late.map(|record| Arrival { record, score: false });
         let arrivals = scored.concat(learned);
         outer.scoped::<Round, _, _>("GpLearner", |inner| {
             let records = arrivals.enter(inner);
             let (next_round, queries) = inner.feedback((0, 1));
-            let prior = (learner.kernel().clone(), learner.likelihood.clone());
-            let staged = partition_stage(records, queries.broadcast(), learner.snapshot(), prior, features);
+            let start = Start {
+                initial: learner.snapshot(),
+                prior: (learner.kernel().clone(), learner.likelihood.clone()),
+                options,
+            };
+            let staged = partition_stage(records, queries.broadcast(), start);
             let (answers, others) = staged.ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
                 StageOutput::Answer { worker, answer } => Ok((worker, *answer)),
                 other => Err(other),

@@ -35,7 +35,7 @@ mod reduce_stage;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION};
 pub use delayed::delayed_labels;
-pub use learn::{GpStreams, LearnGp};
+pub use learn::{GpOptions, GpStreams, LearnGp, Scoring};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;
 

@@ -11,7 +11,7 @@ use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
 use super::record::{Prediction, Record, Rejected};
-use super::Round;
+use super::{GpOptions, Round, Scoring};
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
@@ -23,9 +23,15 @@ pub(super) enum StageOutput {
 }
 
 /// The model records are scored with: the prior until the first update.
-enum Scorer {
+enum Model {
     Prior { kernel: Kernel, likelihood: Likelihood },
-    Model(Box<Snapshot>),
+    Learned(Box<Snapshot>),
+}
+
+/// The newest model this worker holds, and the epoch whose update made it.
+struct Scorer {
+    model: Model,
+    learned_through: Option<u64>,
 }
 
 impl Scorer {
@@ -38,12 +44,12 @@ impl Scorer {
             (likelihood.predict(mean, var), density)
         };
         let mut out = Vec::with_capacity(records.len());
-        match self {
-            Scorer::Model(model) => model
+        match &self.model {
+            Model::Learned(model) => model
                 .posterior
                 .predict_f(&x)
                 .for_each_point(|i, mean, var| out.push(scored(&model.likelihood, i, mean, var))),
-            Scorer::Prior { kernel, likelihood } => {
+            Model::Prior { kernel, likelihood } => {
                 let mean = vec![0.0; likelihood.n_latent()];
                 for (i, &v) in kernel.diag(&x).iter().enumerate() {
                     out.push(scored(likelihood, i, &mean, &vec![v; mean.len()]));
@@ -51,6 +57,36 @@ impl Scorer {
             }
         }
         out
+    }
+
+    /// Refuses the records that cannot be used and scores those that ask to
+    /// be: what to send on, and the accepted records.
+    fn check_and_score(
+        &self,
+        arrivals: Vec<Arrival>,
+        epoch: u64,
+        features: usize,
+        likelihood: &Likelihood,
+    ) -> (Vec<StageOutput>, Vec<Record>) {
+        let mut out = Vec::new();
+        let mut accepted = Vec::with_capacity(arrivals.len());
+        for Arrival { record, score } in arrivals {
+            match check(&record, features, likelihood) {
+                Ok(()) => accepted.push((record, score)),
+                Err(reason) => out.push(StageOutput::Rejected(Rejected { epoch, record, reason })),
+            }
+        }
+        let scored: Vec<&Record> = accepted.iter().filter(|a| a.1).map(|a| &a.0).collect();
+        for (record, (predictive, log_density)) in scored.iter().zip(self.score(&scored, features)) {
+            out.push(StageOutput::Prediction(Prediction {
+                id: record.id,
+                epoch,
+                model_epoch: self.learned_through,
+                predictive,
+                log_density,
+            }));
+        }
+        (out, accepted.into_iter().map(|a| a.0).collect())
     }
 }
 
@@ -62,18 +98,24 @@ pub(super) struct Arrival {
     pub score: bool,
 }
 
-/// Records of one epoch, held until they can be scored.
+/// Records of one epoch, held until they can be learned from (and, in
+/// prequential scoring, scored).
 struct Pending {
     capability: Capability<Round>,
     arrivals: Vec<Arrival>,
 }
 
+/// How the stage starts: the model it scores with before any update, and how it scores.
+pub(super) struct Start {
+    pub initial: Option<Snapshot>,
+    pub prior: (Kernel, Likelihood),
+    pub options: GpOptions,
+}
+
 pub(super) fn partition_stage<'scope>(
     records: StreamVec<'scope, Round, Arrival>,
     queries: StreamVec<'scope, Round, Query>,
-    initial: Option<Snapshot>,
-    prior: (Kernel, Likelihood),
-    features: usize,
+    start: Start,
 ) -> StreamVec<'scope, Round, StageOutput> {
     let scope = records.scope();
     let worker = scope.index();
@@ -81,16 +123,27 @@ pub(super) fn partition_stage<'scope>(
         index: worker,
         peers: scope.peers(),
     };
+    let Start {
+        initial,
+        prior,
+        options,
+    } = start;
+    let GpOptions {
+        features,
+        scoring,
+        learned_through,
+    } = options;
     let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
         let likelihood = prior.1.clone();
-        let mut scorer = match initial {
-            Some(model) => Scorer::Model(Box::new(model)),
-            None => Scorer::Prior {
+        let model = match initial {
+            Some(model) => Model::Learned(Box::new(model)),
+            None => Model::Prior {
                 kernel: prior.0,
                 likelihood: prior.1,
             },
         };
+        let mut scorer = Scorer { model, learned_through };
         let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
         let mut asked: Vec<(Capability<Round>, Vec<Query>)> = Vec::new();
         let mut shard: Option<(u64, Shard)> = None;
@@ -100,17 +153,6 @@ pub(super) fn partition_stage<'scope>(
         };
 
         move |(records, record_frontier), (queries, query_frontier), output| {
-            records.for_each_stamp(|cap, data| {
-                let Some(cap) = cap.retain_least(output.output_index()) else {
-                    return;
-                };
-                let epoch = cap.time().0;
-                let entry = pending.entry(epoch).or_insert_with(|| Pending {
-                    capability: cap,
-                    arrivals: Vec::new(),
-                });
-                entry.arrivals.extend(data.flat_map(|d| d.drain(..)));
-            });
             queries.for_each_stamp(|cap, data| {
                 if let Some(cap) = cap.retain_least(output.output_index()) {
                     asked.push((cap, data.flat_map(|d| d.drain(..)).collect()));
@@ -142,13 +184,38 @@ pub(super) fn partition_stage<'scope>(
                         answer: Box::new(answer),
                     });
                     if let Some(model) = finished {
-                        scorer = Scorer::Model(Box::new(model));
+                        scorer = Scorer {
+                            model: Model::Learned(Box::new(model)),
+                            learned_through: Some(epoch),
+                        };
                         shard = None;
                     }
                 }
             }
 
-            // Score an epoch once all its records are in and every earlier update is done.
+            records.for_each_stamp(|cap, data| {
+                let Some(cap) = cap.retain_least(output.output_index()) else {
+                    return;
+                };
+                let epoch = cap.time().0;
+                let mut arrivals: Vec<Arrival> = data.flat_map(|d| d.drain(..)).collect();
+                if scoring == Scoring::OnArrival {
+                    let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood);
+                    output.session(&cap).give_iterator(out.into_iter());
+                    arrivals = accepted
+                        .into_iter()
+                        .map(|record| Arrival { record, score: false })
+                        .collect();
+                }
+                let entry = pending.entry(epoch).or_insert_with(|| Pending {
+                    capability: cap,
+                    arrivals: Vec::new(),
+                });
+                entry.arrivals.extend(arrivals);
+            });
+
+            // Learn from an epoch (prequential: score it first) once all its
+            // records are in and every earlier update is done.
             while let Some(entry) = pending.first_entry() {
                 let start = (*entry.key(), 0);
                 let earlier_update_running = query_frontier.frontier().iter().any(|t| *t < start);
@@ -157,24 +224,10 @@ pub(super) fn partition_stage<'scope>(
                 }
                 let Pending { capability, arrivals } = entry.remove();
                 let epoch = start.0;
+                let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood);
                 let mut session = output.session(&capability);
-                let mut accepted = Vec::with_capacity(arrivals.len());
-                for Arrival { record, score } in arrivals {
-                    match check(&record, features, &likelihood) {
-                        Ok(()) => accepted.push((record, score)),
-                        Err(reason) => session.give(StageOutput::Rejected(Rejected { epoch, record, reason })),
-                    }
-                }
-                let scored: Vec<&Record> = accepted.iter().filter(|a| a.1).map(|a| &a.0).collect();
-                for (record, (predictive, log_density)) in scored.iter().zip(scorer.score(&scored, features)) {
-                    session.give(StageOutput::Prediction(Prediction {
-                        id: record.id,
-                        epoch,
-                        predictive,
-                        log_density,
-                    }));
-                }
-                let labelled: Vec<&Record> = accepted.iter().map(|a| &a.0).filter(|r| r.label.is_some()).collect();
+                session.give_iterator(out.into_iter());
+                let labelled: Vec<&Record> = accepted.iter().filter(|r| r.label.is_some()).collect();
                 if !labelled.is_empty() {
                     let ids: Vec<i64> = labelled.iter().map(|r| r.id).collect();
                     let x = DMatrix::from_fn(labelled.len(), features, |i, j| labelled[i].features[j]);

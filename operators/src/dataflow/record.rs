@@ -20,16 +20,32 @@ impl Record {
     }
 }
 
-/// The predictive distribution of one record's `y`, made with the model of
-/// the epochs before `epoch` (score first, then learn).
+/// The predictive distribution of one record's `y`, made before the model
+/// learned from the record (score first, then learn).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
     pub id: i64,
+    /// The epoch the record came in.
     pub epoch: u64,
+    /// The epoch whose update made the model that scored it; `None`: no
+    /// update had been made (the prior). Prequential scoring gives the newest
+    /// update before `epoch`; scoring on arrival may give an older one.
+    pub model_epoch: Option<u64>,
     pub predictive: Predictive,
     /// `log p(label | model)` when the record came with a label: its
     /// prequential score, before the model learned from it.
     pub log_density: Option<f64>,
+}
+
+impl Prediction {
+    /// Epochs before the record's own that its model had not learned: 0 for
+    /// prequential scoring when every epoch has labels.
+    pub fn staleness(&self) -> u64 {
+        match self.model_epoch {
+            Some(m) => self.epoch.saturating_sub(m + 1),
+            None => self.epoch,
+        }
+    }
 }
 
 /// A record the operator cannot score or learn from, and why.

@@ -1,0 +1,128 @@
+//! When records are scored: prequential scoring waits for every earlier
+//! epoch's update; on-arrival scoring answers at once with the newest model
+//! the worker holds and says which update that was (`model_epoch`).
+//!
+//! An epoch held open by a second input stands for an update that has not
+//! finished: whatever is scored meanwhile was scored without waiting for it.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use dualgp_operators::dataflow::{GpOptions, LearnGp, ModelUpdate, Prediction, Record, Scoring};
+use dualgp_operators::model::{Family, Kernel, Likelihood, SequentialConfig, SequentialLearner, StreamingLearner};
+use nalgebra::DMatrix;
+use timely::dataflow::operators::{Concat, Input, Inspect, Probe};
+use timely::dataflow::{InputHandleVec, ProbeHandle};
+
+/// Enough steps for everything that can happen without new input to happen.
+const STEPS: usize = 200;
+
+fn learner() -> SequentialLearner {
+    let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7]);
+    let config = SequentialConfig {
+        inducing: 8,
+        m_steps: 2,
+        ..SequentialConfig::default()
+    };
+    SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
+}
+
+/// Records `ids` on a line, labelled or not.
+fn records(ids: std::ops::Range<i64>, labelled: bool) -> Vec<Record> {
+    ids.map(|i| {
+        let x = i as f64 / 20.0 - 2.0;
+        Record::new(i, vec![x], labelled.then(|| x.sin()))
+    })
+    .collect()
+}
+
+#[derive(Default)]
+struct Seen {
+    predictions: Vec<Prediction>,
+    updates: Vec<ModelUpdate>,
+}
+
+/// Epoch 0 (labelled) stays open on one input while unlabelled records of
+/// epoch 1 come on another; then both close, and records of epoch 2 come.
+/// Returns what came out while epoch 0 was open, and at the end.
+fn run(scoring: Scoring) -> (Vec<Prediction>, Seen) {
+    timely::execute_directly(move |worker| {
+        let (mut held, mut feed) = (InputHandleVec::new(), InputHandleVec::new());
+        let probe = ProbeHandle::new();
+        let seen = Rc::new(RefCell::new(Seen::default()));
+        let (s1, s2) = (Rc::clone(&seen), Rc::clone(&seen));
+        worker.dataflow::<u64, _, _>(|scope| {
+            let records = scope.input_from(&mut held).concat(scope.input_from(&mut feed));
+            let options = GpOptions {
+                scoring,
+                ..GpOptions::new(1)
+            };
+            let gp = records.learn_gp_with(None, learner(), options);
+            gp.predictions
+                .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()))
+                .probe_with(&probe);
+            gp.updates
+                .inspect(move |u| s2.borrow_mut().updates.push(u.clone()))
+                .probe_with(&probe);
+        });
+        held.send_batch(&mut records(0..60, true));
+        feed.advance_to(1);
+        feed.send_batch(&mut records(100..110, false));
+        for _ in 0..STEPS {
+            worker.step();
+        }
+        assert!(probe.less_equal(&0), "epoch 0 is still open");
+        let while_open = seen.borrow().predictions.clone();
+
+        held.advance_to(2);
+        feed.advance_to(2);
+        while probe.less_than(&2) {
+            worker.step();
+        }
+        feed.send_batch(&mut records(200..210, false));
+        drop((held, feed));
+        while worker.step() {}
+        (while_open, seen.take())
+    })
+}
+
+#[test]
+fn prequential_scoring_waits_for_the_epochs_before() {
+    let (while_open, seen) = run(Scoring::Prequential);
+    assert!(
+        while_open.is_empty(),
+        "{} scored before epoch 0 closed",
+        while_open.len()
+    );
+    assert_eq!(seen.predictions.len(), 80);
+    let update = &seen.updates[0];
+    assert_eq!((seen.updates.len(), update.epoch), (1, 0));
+    for p in &seen.predictions {
+        let expected = if p.epoch == 0 { None } else { Some(0) };
+        assert_eq!(p.model_epoch, expected, "record {}", p.id);
+    }
+}
+
+#[test]
+fn on_arrival_scoring_answers_before_earlier_epochs_are_learned() {
+    let (while_open, seen) = run(Scoring::OnArrival);
+    // Every record that had come in was scored, epoch 1's while epoch 0 was open.
+    let mut ids: Vec<i64> = while_open.iter().map(|p| p.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..60).chain(100..110).collect::<Vec<_>>());
+    assert!(while_open.iter().all(|p| p.model_epoch.is_none()));
+
+    // Epoch 2 came after epoch 0's update: scored with that model, and said so.
+    let update = &seen.updates[0];
+    assert_eq!((seen.updates.len(), update.epoch), (1, 0));
+    let late: Vec<&Prediction> = seen.predictions.iter().filter(|p| p.epoch == 2).collect();
+    assert_eq!(late.len(), 10);
+    let x = DMatrix::from_fn(10, 1, |i, _| records(200..210, false)[i].features[0]);
+    let expected = update.learner.predict(&x).unwrap();
+    for (p, expected) in late.iter().zip(&expected) {
+        assert_eq!(p.model_epoch, Some(0));
+        assert_eq!(&p.predictive, expected, "record {}", p.id);
+    }
+    // Nothing was scored twice.
+    assert_eq!(seen.predictions.len(), 80);
+}
