@@ -9,7 +9,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dualgp_operators::dataflow::{GpOptions, LearnGp, ModelUpdate, Prediction, Record, Scoring};
-use dualgp_operators::model::{Family, Kernel, Likelihood, SequentialConfig, SequentialLearner, StreamingLearner};
+use dualgp_operators::model::{
+    Data, Family, Kernel, Likelihood, SequentialConfig, SequentialLearner, StreamingLearner,
+};
 use nalgebra::DMatrix;
 use timely::dataflow::operators::{Concat, Input, Inspect, Probe};
 use timely::dataflow::{InputHandleVec, ProbeHandle};
@@ -96,7 +98,7 @@ fn prequential_scoring_waits_for_the_epochs_before() {
     );
     assert_eq!(seen.predictions.len(), 80);
     let update = &seen.updates[0];
-    assert_eq!((seen.updates.len(), update.epoch), (1, 0));
+    assert_eq!((seen.updates.len(), update.from_epoch, update.epoch), (1, 0, 0));
     for p in &seen.predictions {
         let expected = if p.epoch == 0 { None } else { Some(0) };
         assert_eq!(p.model_epoch, expected, "record {}", p.id);
@@ -112,17 +114,70 @@ fn on_arrival_scoring_answers_before_earlier_epochs_are_learned() {
     assert_eq!(ids, (0..60).chain(100..110).collect::<Vec<_>>());
     assert!(while_open.iter().all(|p| p.model_epoch.is_none()));
 
-    // Epoch 2 came after epoch 0's update: scored with that model, and said so.
+    // Epochs 0 and 1 closed together and were learned in one update (epoch 1
+    // had nothing to learn); epoch 2 came after it: scored with that model, and said so.
     let update = &seen.updates[0];
-    assert_eq!((seen.updates.len(), update.epoch), (1, 0));
+    assert_eq!((seen.updates.len(), update.from_epoch, update.epoch), (1, 0, 1));
     let late: Vec<&Prediction> = seen.predictions.iter().filter(|p| p.epoch == 2).collect();
     assert_eq!(late.len(), 10);
     let x = DMatrix::from_fn(10, 1, |i, _| records(200..210, false)[i].features[0]);
     let expected = update.learner.predict(&x).unwrap();
     for (p, expected) in late.iter().zip(&expected) {
-        assert_eq!(p.model_epoch, Some(0));
+        assert_eq!(p.model_epoch, Some(1));
         assert_eq!(&p.predictive, expected, "record {}", p.id);
     }
     // Nothing was scored twice.
     assert_eq!(seen.predictions.len(), 80);
+}
+
+/// Epochs 0–3 (labelled) all come in before the worker first runs: scoring on
+/// arrival hands each to the learner as soon as it is complete, so one update
+/// learns them together; prequential scoring learns them one by one.
+fn learn_four_epochs_at_once(scoring: Scoring) -> Seen {
+    timely::execute_directly(move |worker| {
+        let mut input = InputHandleVec::new();
+        let seen = Rc::new(RefCell::new(Seen::default()));
+        let (s1, s2) = (Rc::clone(&seen), Rc::clone(&seen));
+        worker.dataflow::<u64, _, _>(|scope| {
+            let options = GpOptions {
+                scoring,
+                ..GpOptions::new(1)
+            };
+            let gp = scope.input_from(&mut input).learn_gp_with(None, learner(), options);
+            gp.predictions
+                .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()));
+            gp.updates.inspect(move |u| s2.borrow_mut().updates.push(u.clone()));
+        });
+        for epoch in 0..4 {
+            input.advance_to(epoch);
+            input.send_batch(&mut records(epoch as i64 * 25..(epoch as i64 + 1) * 25, true));
+        }
+        drop(input);
+        while worker.step() {}
+        seen.take()
+    })
+}
+
+#[test]
+fn on_arrival_learns_the_epochs_that_closed_meanwhile_in_one_update() {
+    let together = learn_four_epochs_at_once(Scoring::OnArrival);
+    let [update] = &together.updates[..] else {
+        panic!("{} updates", together.updates.len())
+    };
+    assert_eq!((update.from_epoch, update.epoch), (0, 3));
+    // The same model as learning the 100 records as one batch.
+    let mut oracle = learner();
+    let all = records(0..100, true);
+    let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
+    let x = DMatrix::from_fn(100, 1, |i, _| all[i].features[0]);
+    let y = nalgebra::DVector::from_fn(100, |i, _| all[i].label.unwrap());
+    oracle.update_with_ids(&ids, &Data::new(x, y).unwrap()).unwrap();
+    assert_eq!(update.learner.n_seen, 100);
+    let grid = DMatrix::from_fn(30, 1, |i, _| i as f64 / 5.0 - 3.0);
+    assert_eq!(update.learner.predict(&grid).unwrap(), oracle.predict(&grid).unwrap());
+    assert!(together.predictions.iter().all(|p| p.model_epoch.is_none()));
+
+    let one_by_one = learn_four_epochs_at_once(Scoring::Prequential);
+    let epochs: Vec<(u64, u64)> = one_by_one.updates.iter().map(|u| (u.from_epoch, u.epoch)).collect();
+    assert_eq!(epochs, [(0, 0), (1, 1), (2, 2), (3, 3)]);
 }

@@ -10,7 +10,7 @@
 //! while another thread consumes the output topic. Latency is the receive
 //! instant of a prediction minus the send instant of its record, so it includes
 //! the producer's linger, the broker both ways, serve's epoch batching, waiting
-//! for the previous epoch's update, and scoring. It reports p50/p90/p99/max,
+//! for the previous epoch's update (prequential scoring only), and scoring. It reports p50/p90/p99/max,
 //! the produce rate achieved, the rate predictions came back at, and how many
 //! records got no prediction within 60 s of the end of producing ("lost"; a
 //! lost record is looked for again on the output topic, to tell a prediction
@@ -91,29 +91,42 @@ const SERVE_FLAGS: &[&str] = &[
 
 struct Setup {
     name: &'static str,
+    /// `--scoring`: on-arrival (serve's default) or prequential.
+    scoring: &'static str,
     model_flags: &'static [&'static str],
 }
+
+/// A schedule light enough to keep up with the stream.
+const LIGHT: &[&str] = &[
+    "--m-past",
+    "scaled-memory",
+    "--m-optimizer",
+    "adam",
+    "--m-relearn",
+    "false",
+    "--m-steps",
+    "5",
+    "--inducing",
+    "50",
+];
 
 const SETUPS: &[Setup] = &[
     // The default schedule (a re-learning L-BFGS M-step, pivoted inducing inputs).
     Setup {
         name: "default",
+        scoring: "on-arrival",
         model_flags: &["--inducing", "100"],
     },
     Setup {
         name: "light",
-        model_flags: &[
-            "--m-past",
-            "scaled-memory",
-            "--m-optimizer",
-            "adam",
-            "--m-relearn",
-            "false",
-            "--m-steps",
-            "5",
-            "--inducing",
-            "50",
-        ],
+        scoring: "on-arrival",
+        model_flags: LIGHT,
+    },
+    // Each epoch waits for the previous epoch's update, as before scoring on arrival.
+    Setup {
+        name: "light, prequential",
+        scoring: "prequential",
+        model_flags: LIGHT,
     },
 ];
 
@@ -302,7 +315,7 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(address: &str, input: &str, output: &str, model_flags: &[&str]) -> Serve {
+    fn start(address: &str, input: &str, output: &str, setup: &Setup) -> Serve {
         let dir = tempfile::tempdir().unwrap();
         let stdout = File::create(dir.path().join("stdout")).unwrap();
         let stderr = File::create(dir.path().join("stderr")).unwrap();
@@ -317,7 +330,8 @@ impl Serve {
                 output,
             ])
             .args(SERVE_FLAGS)
-            .args(model_flags)
+            .args(["--scoring", setup.scoring])
+            .args(setup.model_flags)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -388,7 +402,7 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
         let (address, output, warm, plan) = (address.to_owned(), output.clone(), Arc::clone(&warm), Arc::clone(&plan));
         thread::spawn(move || consume(&address, &output, &warm, &plan))
     };
-    let mut serve = Serve::start(address, &input, &output, setup.model_flags);
+    let mut serve = Serve::start(address, &input, &output, setup);
 
     produce_paced(address, &input, messages, 0, WARMUP, Duration::from_secs(10));
     let waiting = Instant::now();
@@ -472,7 +486,13 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let p50_first_second = window(first_send, first_send + second);
     let p50_last_second = window(last_send - second, last_send + Duration::from_millis(1));
 
-    let flags: Vec<&str> = SERVE_FLAGS.iter().chain(setup.model_flags).copied().collect();
+    let scoring = ["--scoring", setup.scoring];
+    let flags: Vec<&str> = SERVE_FLAGS
+        .iter()
+        .chain(&scoring)
+        .chain(setup.model_flags)
+        .copied()
+        .collect();
     json!({
         "name": setup.name,
         "flags": flags.join(" "),

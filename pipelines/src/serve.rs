@@ -186,9 +186,9 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let d = scaling.x_mean.len();
     config.mapping = config.mapping.with_dimension(d);
     let options = GpOptions {
-        features: d,
         scoring: args.scoring,
         learned_through: resumed.as_ref().map(|c| c.epoch),
+        ..GpOptions::new(d)
     };
     let learner = match resumed {
         Some(c) => c.learner,

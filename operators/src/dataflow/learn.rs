@@ -56,7 +56,7 @@ impl std::fmt::Display for Scoring {
 }
 
 /// How the operator runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpOptions {
     /// Inputs per record.
     pub features: usize,
@@ -64,6 +64,11 @@ pub struct GpOptions {
     /// The epoch whose update made the starting learner (restored from a
     /// checkpoint); predictions made with it say so in `model_epoch`.
     pub learned_through: Option<u64>,
+    /// Scoring on arrival, an epoch is handed to the learner as soon as all
+    /// its records are in; those that closed while an update ran are learned
+    /// together in the next, this many at most. (Prequential scoring hands
+    /// over one epoch at a time.)
+    pub max_epochs_per_update: usize,
 }
 
 impl GpOptions {
@@ -71,7 +76,9 @@ impl GpOptions {
     pub fn new(features: usize) -> Self {
         GpOptions {
             features,
-            ..GpOptions::default()
+            scoring: Scoring::Prequential,
+            learned_through: None,
+            max_epochs_per_update: 16,
         }
     }
 }
@@ -145,8 +152,8 @@ impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
                 StageOutput::Rejected(r) => Err(r),
                 StageOutput::Answer { .. } => unreachable!("split off above"),
             });
-            let (queries, updates) =
-                reduce_stage(answers, learner).ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
+            let (queries, updates) = reduce_stage(answers, learner, options.max_epochs_per_update)
+                .ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
                     ReduceOutput::Query(q) => Ok(*q),
                     ReduceOutput::Update(u) => Err(u),
                 });

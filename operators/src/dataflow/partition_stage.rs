@@ -12,6 +12,7 @@ use timely::dataflow::StreamVec;
 
 use super::record::{Prediction, Record, Rejected};
 use super::{GpOptions, Round, Scoring};
+use crate::model::dual::point::PointId;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
@@ -132,6 +133,7 @@ pub(super) fn partition_stage<'scope>(
         features,
         scoring,
         learned_through,
+        ..
     } = options;
     let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
@@ -146,11 +148,9 @@ pub(super) fn partition_stage<'scope>(
         let mut scorer = Scorer { model, learned_through };
         let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
         let mut asked: Vec<(Capability<Round>, Vec<Query>)> = Vec::new();
+        // Labelled records handed to the learner and not yet learned, by epoch.
+        let mut ready: BTreeMap<u64, Vec<Record>> = BTreeMap::new();
         let mut shard: Option<(u64, Shard)> = None;
-        let empty_shard = move |epoch: u64| {
-            let none = Data::new(DMatrix::zeros(0, features), DVector::zeros(0)).expect("empty");
-            Shard::new(partition, epoch, &[], none)
-        };
 
         move |(records, record_frontier), (queries, query_frontier), output| {
             queries.for_each_stamp(|cap, data| {
@@ -166,7 +166,10 @@ pub(super) fn partition_stage<'scope>(
                 let mut session = output.session(&cap);
                 for query in batch {
                     if shard.as_ref().is_none_or(|s| s.0 != epoch) {
-                        shard = Some((epoch, empty_shard(epoch)));
+                        // An update runs at the time of the last epoch it learns.
+                        let rest = ready.split_off(&(epoch + 1));
+                        let learned = std::mem::replace(&mut ready, rest);
+                        shard = Some((epoch, shard_of(partition, learned, features)));
                     }
                     let finished = match &query {
                         Query::Finish { model, .. } => {
@@ -214,12 +217,13 @@ pub(super) fn partition_stage<'scope>(
                 entry.arrivals.extend(arrivals);
             });
 
-            // Learn from an epoch (prequential: score it first) once all its
-            // records are in and every earlier update is done.
+            // Hand an epoch to the learner (prequential: score it first) once
+            // all its records are in and, prequential, every earlier update is done.
             while let Some(entry) = pending.first_entry() {
                 let start = (*entry.key(), 0);
                 let earlier_update_running = query_frontier.frontier().iter().any(|t| *t < start);
-                if record_frontier.less_equal(&start) || earlier_update_running {
+                let wait = scoring == Scoring::Prequential && earlier_update_running;
+                if record_frontier.less_equal(&start) || wait {
                     break;
                 }
                 let Pending { capability, arrivals } = entry.remove();
@@ -227,23 +231,44 @@ pub(super) fn partition_stage<'scope>(
                 let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood);
                 let mut session = output.session(&capability);
                 session.give_iterator(out.into_iter());
-                let labelled: Vec<&Record> = accepted.iter().filter(|r| r.label.is_some()).collect();
-                if !labelled.is_empty() {
-                    let ids: Vec<i64> = labelled.iter().map(|r| r.id).collect();
-                    let x = DMatrix::from_fn(labelled.len(), features, |i, j| labelled[i].features[j]);
-                    let y = DVector::from_iterator(labelled.len(), labelled.iter().map(|r| r.label.unwrap_or(0.0)));
-                    let data = Data::new(x, y).expect("checked above");
-                    let mut new = Shard::new(partition, epoch, &ids, data);
-                    let answer = new.answer(Query::Arrivals);
-                    shard = Some((epoch, new));
-                    session.give(StageOutput::Answer {
-                        worker,
-                        answer: Box::new(answer),
-                    });
-                }
+                // Every worker answers for every epoch (`Nothing` without
+                // labels), so the learner can tell when an epoch is complete.
+                let labelled: Vec<Record> = accepted.into_iter().filter(|r| r.label.is_some()).collect();
+                let answer = if labelled.is_empty() {
+                    Answer::Nothing
+                } else {
+                    let answer = shard_of(partition, BTreeMap::from([(epoch, labelled.clone())]), features)
+                        .answer(Query::Arrivals);
+                    ready.insert(epoch, labelled);
+                    answer
+                };
+                session.give(StageOutput::Answer {
+                    worker,
+                    answer: Box::new(answer),
+                });
             }
         }
     })
+}
+
+/// A shard of the labelled records of some epochs, each keeping its epoch as
+/// its batch.
+fn shard_of(partition: Partition, epochs: BTreeMap<u64, Vec<Record>>, features: usize) -> Shard {
+    let records: Vec<(u64, Record)> = epochs
+        .into_iter()
+        .flat_map(|(epoch, records)| records.into_iter().map(move |r| (epoch, r)))
+        .collect();
+    let ids: Vec<PointId> = records
+        .iter()
+        .map(|(batch, r)| PointId {
+            batch: *batch,
+            id: r.id,
+        })
+        .collect();
+    let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].1.features[j]);
+    let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
+    let data = Data::new(x, y).expect("checked on arrival");
+    Shard::of_points(partition, &ids, data)
 }
 
 /// Why a record cannot be scored or learned from, if it cannot.

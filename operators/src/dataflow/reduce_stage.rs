@@ -21,7 +21,11 @@ use crate::model::{Answer, ModelError, Query, SequentialLearner, Shards, UpdateR
 /// The learner after an epoch's update: the new model and a checkpointable state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelUpdate {
+    /// The last epoch learned.
     pub epoch: u64,
+    /// The first: epochs that closed while the update before ran are learned
+    /// together (scoring on arrival only).
+    pub from_epoch: u64,
     /// What the update did, or why the batch could not be learned (the model
     /// then stays as it was before the epoch).
     pub outcome: Result<UpdateReport, String>,
@@ -72,18 +76,22 @@ type Answers = (Capability<Round>, Vec<(usize, Answer)>);
 
 type Update = Pin<Box<dyn Future<Output = (SequentialLearner, Result<UpdateReport, ModelError>)>>>;
 
-/// One epoch's update in progress, and the state to return to if it fails.
+/// One update in progress, and the state to return to if it fails.
 struct Running {
+    from_epoch: u64,
     epoch: u64,
     update: Update,
     before: SequentialLearner,
 }
 
+/// `max_epochs`: the most epochs one update learns.
 pub(super) fn reduce_stage<'scope>(
     answers: StreamVec<'scope, Round, (usize, Answer)>,
     learner: SequentialLearner,
+    max_epochs: usize,
 ) -> StreamVec<'scope, Round, ReduceOutput> {
     let reducer = answers.scope().index() == 0;
+    let peers = answers.scope().peers();
     answers.unary_frontier(Exchange::new(|_: &(usize, Answer)| 0), "GpReduce", move |_, _| {
         let mut learner = reducer.then_some(learner);
         let mailbox = Rc::new(RefCell::new(Mailbox::default()));
@@ -101,11 +109,30 @@ pub(super) fn reduce_stage<'scope>(
                 if frontier.less_equal(entry.key()) {
                     break;
                 }
-                let (cap, mut answers) = entry.remove();
-                // Worker order: the sums do not depend on which worker answered first.
+                let (mut cap, mut answers) = entry.remove();
+                let from_epoch = cap.time().0;
+                if cap.time().1 == 0 {
+                    // Epochs that every worker has handed over meanwhile are
+                    // learned with this one, at the last one's time. (The
+                    // frontier cannot say they are complete: this stage's own
+                    // capabilities hold it back.)
+                    for _ in 1..max_epochs {
+                        let Some(next) = stash.first_entry() else { break };
+                        if next.key().1 != 0 || next.get().1.len() < peers {
+                            break;
+                        }
+                        let (next_cap, more) = next.remove();
+                        answers.extend(more);
+                        cap = next_cap;
+                    }
+                }
+                // Worker order (then epoch order): the sums do not depend on which worker answered first.
                 answers.sort_by_key(|a| a.0);
                 let merged = answers.into_iter().fold(Answer::Nothing, |all, (_, a)| all.merge(a));
                 let epoch = cap.time().0;
+                if cap.time().1 == 0 && matches!(merged, Answer::Nothing) {
+                    continue; // no worker had a labelled record
+                }
                 if cap.time().1 == 0 {
                     let mut state = learner.take().expect("one update at a time, on the reducing worker");
                     let before = state.clone();
@@ -115,7 +142,12 @@ pub(super) fn reduce_stage<'scope>(
                         let outcome = state.learn(&mut workers).await;
                         (state, outcome)
                     });
-                    running = Some(Running { epoch, update, before });
+                    running = Some(Running {
+                        from_epoch,
+                        epoch,
+                        update,
+                        before,
+                    });
                 } else {
                     mailbox.borrow_mut().inbox = Some(merged);
                 }
@@ -127,10 +159,11 @@ pub(super) fn reduce_stage<'scope>(
                         output.session(&cap).give(ReduceOutput::Query(Box::new(query)));
                     }
                     Poll::Ready((state, outcome)) => {
-                        let Running { before, .. } = running.take().expect("polled above");
+                        let Running { before, from_epoch, .. } = running.take().expect("polled above");
                         let state = if outcome.is_ok() { state } else { before };
                         output.session(&cap).give(ReduceOutput::Update(Box::new(ModelUpdate {
                             epoch,
+                            from_epoch,
                             outcome: outcome.map_err(|e| e.to_string()),
                             learner: state.clone(),
                         })));

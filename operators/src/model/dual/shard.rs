@@ -192,29 +192,31 @@ impl<T: Summand> BlockSums<T> {
 #[derive(Debug, Clone)]
 pub struct Shard {
     partition: Partition,
-    batch: u64,
     blocks: BTreeMap<u64, Block>,
 }
 
 impl Shard {
     /// A shard of `batch` with its records' `ids` (any order).
     pub fn new(partition: Partition, batch: u64, ids: &[i64], data: Data) -> Self {
+        let ids: Vec<PointId> = ids.iter().map(|&id| PointId { batch, id }).collect();
+        Shard::of_points(partition, &ids, data)
+    }
+
+    /// A shard of records that may come from several batches learned in one
+    /// update (each keeps its own batch in its id).
+    pub fn of_points(partition: Partition, ids: &[PointId], data: Data) -> Self {
         let mut rows: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-        for (i, &id) in ids.iter().enumerate() {
-            rows.entry(route(id)).or_default().push(i);
+        for (i, p) in ids.iter().enumerate() {
+            rows.entry(route(p.id)).or_default().push(i);
         }
         let blocks = rows
             .into_iter()
             .map(|(block, rows)| {
-                let ids: Vec<i64> = rows.iter().map(|&i| ids[i]).collect();
-                (block, Block::new(block, batch, &ids, Some(data.select(&rows))))
+                let ids: Vec<PointId> = rows.iter().map(|&i| ids[i]).collect();
+                (block, Block::new(block, &ids, Some(data.select(&rows))))
             })
             .collect();
-        Shard {
-            partition,
-            batch,
-            blocks,
-        }
+        Shard { partition, blocks }
     }
 
     pub fn answer(&mut self, mut query: Query) -> Answer {
@@ -242,7 +244,7 @@ impl Shard {
             let block = route(p.id.id);
             self.blocks
                 .entry(block)
-                .or_insert_with(|| Block::new(block, self.batch, &[], None))
+                .or_insert_with(|| Block::new(block, &[], None))
                 .memory
                 .push(p);
         }
@@ -320,10 +322,10 @@ impl Columns {
 }
 
 impl Block {
-    fn new(block: u64, batch: u64, ids: &[i64], data: Option<Data>) -> Self {
+    fn new(block: u64, ids: &[PointId], data: Option<Data>) -> Self {
         let mut order: Vec<usize> = (0..ids.len()).collect();
         order.sort_by_key(|&i| ids[i]);
-        let batch_ids = order.iter().map(|&i| PointId { batch, id: ids[i] }).collect();
+        let batch_ids = order.iter().map(|&i| ids[i]).collect();
         Block {
             block,
             batch_ids,
