@@ -249,6 +249,8 @@ impl SequentialLearner {
     /// query asks for their inputs). The shards may be this process's only one
     /// or every worker of a dataflow.
     pub async fn learn(&mut self, shards: &mut impl Shards) -> Result<UpdateReport> {
+        // A learner read back from a checkpoint has no cached factors yet.
+        self.ensure_factors()?;
         let arrivals = match shards.ask(Query::Arrivals).await {
             Answer::Arrivals(rows) => rows,
             other => return Err(unexpected("arrivals", &other)),
