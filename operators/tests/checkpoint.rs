@@ -318,3 +318,20 @@ fn a_learner_read_back_from_json_learns_on_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn the_next_save_removes_what_a_write_killed_midway_left() {
+    let (dir, store) = three_checkpoints();
+    let left = dir.path().join(".checkpoint-00000000000000000004.json.partial");
+    std::fs::write(&left, b"{\"version\":").unwrap();
+    let checkpoint = Checkpoint {
+        version: dualgp_operators::dataflow::CHECKPOINT_VERSION,
+        epoch: 5,
+        learner: learner(),
+        positions: vec![50],
+    };
+    store.save(&checkpoint).unwrap();
+    assert!(!left.exists(), "a partial write outlived the next checkpoint");
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(files, 3, "the newest three checkpoints and nothing else");
+}

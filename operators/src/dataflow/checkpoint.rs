@@ -89,6 +89,16 @@ impl CheckpointStore {
         for old in self.epochs()?.into_iter().rev().skip(self.keep) {
             let _ = fs::remove_file(self.path_of(old));
         }
+        // Writes of a process killed mid-write (one writer at a time: none is under way).
+        for entry in fs::read_dir(&self.dir)
+            .map_err(|source| io(&self.dir, source))?
+            .flatten()
+        {
+            let name = entry.file_name();
+            if name.to_string_lossy().ends_with(".json.partial") {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
         Ok(path)
     }
 
