@@ -356,7 +356,26 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         };
 
         while !stop.load(Ordering::SeqCst) {
-            let part = match source.next_epoch() {
+            // A resumed source starts at its checkpoint's epoch, not at 0.
+            records.advance_to(source.epoch());
+            state
+                .lock()
+                .unwrap()
+                .read_at
+                .entry(source.epoch())
+                .or_insert_with(Instant::now);
+            // Records go into the dataflow as they are read, so scoring on
+            // arrival does not wait for the epoch to fill.
+            let mut streamed = 0;
+            let read = source.next_epoch_streaming(|arrived| {
+                streamed += arrived.len();
+                for record in arrived.drain(..) {
+                    records.send(scaling.record(record));
+                }
+                records.flush();
+                worker.step();
+            });
+            let part = match read {
                 Ok(part) => part,
                 Err(e) => {
                     fail(e.to_string());
@@ -369,13 +388,12 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             {
                 let mut s = state.lock().unwrap();
                 let mut m = metrics.lock().unwrap();
-                m.records_in += part.records.len() as u64;
+                m.records_in += (streamed + part.records.len()) as u64;
                 m.dead_letters += part.dead_letters.len() as u64;
                 m.epochs = m.epochs.max(part.epoch + 1);
                 drop(m);
-                s.read_at.entry(part.epoch).or_insert_with(Instant::now);
                 s.positions.entry(part.epoch).or_default().push(part.position.clone());
-                if !part.records.is_empty() || !part.dead_letters.is_empty() {
+                if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
                     s.last_input = Some(Instant::now());
                 }
                 if let (Some(limit), Some(last)) = (idle_exit, s.last_input) {
@@ -384,8 +402,6 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
                     }
                 }
             }
-            // A resumed source starts at its checkpoint's epoch, not at 0.
-            records.advance_to(part.epoch);
             for record in part.records {
                 records.send(scaling.record(record));
             }

@@ -227,8 +227,25 @@ impl KafkaSource {
     /// than the connection's timeout) keeps what was read: call again to
     /// go on once the broker is back, or reopen from the last checkpoint.
     pub fn next_epoch(&mut self) -> Result<EpochPart<KafkaPosition>, KafkaError> {
+        self.next_epoch_streaming(|_| {})
+    }
+
+    /// The epoch being read.
+    pub fn epoch(&self) -> u64 {
+        self.next_epoch
+    }
+
+    /// [`next_epoch`](Self::next_epoch), handing records to `arrived` as they
+    /// come (after each poll that brought some), for scoring on arrival;
+    /// what `arrived` drains is not in the returned part.
+    pub fn next_epoch_streaming(
+        &mut self,
+        mut arrived: impl FnMut(&mut Vec<Record>),
+    ) -> Result<EpochPart<KafkaPosition>, KafkaError> {
         let deadline = Instant::now() + Duration::from_millis(self.config.epoch_ms);
-        while self.records.len() < self.config.epoch_records {
+        // Records kept from a call that failed count towards this epoch.
+        let mut read = self.records.len();
+        while read < self.config.epoch_records {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -246,11 +263,16 @@ impl KafkaSource {
                         partition,
                         offset,
                     };
+                    let before = self.records.len();
                     self.decoder
                         .decode(message.payload(), origin, &mut self.records, &mut self.dead_letters);
+                    let new = self.records.len() - before;
+                    read += new;
+                    self.counters.add(new, &[]);
                     self.offsets.insert(partition, offset + 1);
                     self.trouble = None;
                     self.last_contact = Instant::now();
+                    arrived(&mut self.records);
                 }
                 Some(Err(e)) => {
                     self.note_trouble(&e);
@@ -263,7 +285,7 @@ impl KafkaSource {
         self.next_epoch += 1;
         let records = std::mem::take(&mut self.records);
         let dead_letters = std::mem::take(&mut self.dead_letters);
-        self.counters.add(records.len(), &dead_letters);
+        self.counters.add(0, &dead_letters);
         Ok(EpochPart {
             epoch,
             records,
