@@ -31,10 +31,12 @@
 #[allow(dead_code)] // only the in-memory broker is used here
 #[path = "../../connectors/tests/common/broker.rs"]
 mod broker;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::fs::File;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -319,16 +321,7 @@ impl Serve {
         let dir = tempfile::tempdir().unwrap();
         let stdout = File::create(dir.path().join("stdout")).unwrap();
         let stderr = File::create(dir.path().join("stderr")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
-            .args([
-                "serve",
-                "--brokers",
-                address,
-                "--input-topic",
-                input,
-                "--output-topic",
-                output,
-            ])
+        let child = common::serve_command(address, input, output)
             .args(SERVE_FLAGS)
             .args(["--scoring", setup.scoring])
             .args(setup.model_flags)

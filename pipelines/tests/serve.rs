@@ -17,11 +17,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::dualgp;
+use common::{dualgp, produce, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{shared_data, KafkaConnection, Table};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::{ClientConfig, Message};
 
@@ -42,21 +41,6 @@ fn banana_messages() -> Vec<(i64, String)> {
 /// Messages keyed by their id, as `produce` sends them.
 fn keyed(messages: &[(i64, String)]) -> Vec<(String, String)> {
     messages.iter().map(|(id, m)| (id.to_string(), m.clone())).collect()
-}
-
-fn produce(address: &str, topic: &str, messages: &[(String, String)]) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("message.timeout.ms", "60000")
-        .create()
-        .unwrap();
-    for (i, (key, payload)) in messages.iter().enumerate() {
-        let partition = (i % 2) as i32;
-        let record = BaseRecord::to(topic).key(key).payload(payload).partition(partition);
-        producer.send(record).map_err(|(e, _)| e).unwrap();
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(Duration::from_secs(60)).expect("all messages delivered");
 }
 
 /// Every message of `topic` (all its partitions, from the start): reads until
@@ -91,16 +75,7 @@ fn consume_all(address: &str, topic: &str, partitions: i32, expected: usize) -> 
 /// `dualgp serve` on banana messages from `in` (batches of 100, m = 20),
 /// checkpointing into `checkpoints`, with `extra` flags; in the background.
 fn spawn_serve(address: &str, checkpoints: &Path, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args([
-            "serve",
-            "--brokers",
-            address,
-            "--input-topic",
-            "in",
-            "--output-topic",
-            "out",
-        ])
+    serve_command(address, "in", "out")
         .args([
             "--likelihood",
             "bernoulli",
@@ -202,7 +177,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
         r#"{"id":9004,"x0":0.5,"x1":0.1,"x2":0.3,"y":1}"#,
     ];
     batch.extend(malformed.iter().map(|m| ("bad".to_string(), m.to_string())));
-    produce(&address, "in", &batch);
+    produce(&address, "in", &batch, 2);
 
     let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (stdout, page) = serve(&address, checkpoints.path(), "2", Some(metrics_port));
@@ -238,7 +213,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     assert_eq!(kinds.iter().filter(|k| **k == "label").count(), 1, "{dlq:?}");
 
     // A restart resumes after the checkpoint: only the new records are scored.
-    produce(&address, "in", &keyed(second));
+    produce(&address, "in", &keyed(second), 2);
     let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
@@ -296,7 +271,7 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     let address = broker.address();
     let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
     create_topic(&conn, "in", 2).unwrap();
-    produce(&address, "in", &keyed(&banana_messages()[..200]));
+    produce(&address, "in", &keyed(&banana_messages()[..200]), 2);
     let checkpoints = tempfile::tempdir().unwrap();
     let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     // No --idle-exit: only the signal stops it.
@@ -332,7 +307,7 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     create_topic(&conn, "in", 2).unwrap();
     let messages = keyed(&banana_messages()[..300]);
     let (before, after) = messages.split_at(200);
-    produce(&address, "in", before);
+    produce(&address, "in", before, 2);
     let checkpoints = tempfile::tempdir().unwrap();
     let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let port = metrics_port.to_string();
@@ -362,7 +337,7 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     // With the broker back, a restart resumes from the checkpoint: the model
     // learns the new records, and none of the old ones a second time.
     broker.restart();
-    produce(&address, "in", after);
+    produce(&address, "in", after, 2);
     let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert_eq!(predictions(&address, 300).len(), 300);

@@ -13,13 +13,15 @@
 #[allow(dead_code)] // only the in-memory broker is used here
 #[path = "../../connectors/tests/common/broker.rs"]
 mod broker;
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
+use common::{produce, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{KafkaConnection, KafkaPosition};
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
@@ -28,7 +30,6 @@ use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 /// Records per epoch. Every record is on the topic before serve starts, so
@@ -51,20 +52,6 @@ fn messages(n: usize, seed: u64) -> Vec<(String, String)> {
             (id.to_string(), format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{y}}}"#))
         })
         .collect()
-}
-
-fn produce(address: &str, topic: &str, messages: &[(String, String)]) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("message.timeout.ms", "60000")
-        .create()
-        .unwrap();
-    for (key, payload) in messages {
-        let record = BaseRecord::to(topic).key(key).payload(payload).partition(0);
-        producer.send(record).map_err(|(e, _)| e).unwrap();
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(Duration::from_secs(60)).expect("all messages delivered");
 }
 
 /// The ids of every prediction on `topic`, read until `expected` have come
@@ -98,16 +85,7 @@ fn prediction_ids(address: &str, topic: &str, expected: usize) -> Vec<i64> {
 /// output appended to `log`.
 fn spawn_serve(address: &str, input: &str, output: &str, dir: &Path, log: &Path) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args([
-            "serve",
-            "--brokers",
-            address,
-            "--input-topic",
-            input,
-            "--output-topic",
-            output,
-        ])
+    serve_command(address, input, output)
         .args(["--likelihood", "gaussian", "--batch-size", &BATCH.to_string()])
         .args([
             "--batch-timeout-ms",
@@ -192,7 +170,7 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
     let stream = messages(records, seed);
     for topic in ["soak-in", "calm-in"] {
         create_topic(&conn, topic, 1).unwrap();
-        produce(&address, topic, &stream);
+        produce(&address, topic, &stream, 1);
     }
     let work = tempfile::tempdir().unwrap();
     let (soak_dir, calm_dir) = (work.path().join("soak"), work.path().join("calm"));

@@ -140,6 +140,9 @@ impl KafkaSource {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")
+            // Records are scored on arrival: a fetch should not wait for more
+            // (librdkafka's default is 500 ms; `--kafka-option` overrides).
+            .set("fetch.wait.max.ms", "10")
             .set(
                 "auto.offset.reset",
                 if config.start == StartOffset::Latest {

@@ -25,3 +25,38 @@ pub fn assert_fails_with(args: &[&str], needle: &str) {
         "{args:?}: {stderr:?} does not mention {needle:?}"
     );
 }
+
+/// `dualgp serve` from topic `input` to `output` on the broker at `address`;
+/// the caller adds the other flags.
+pub fn serve_command(address: &str, input: &str, output: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dualgp"));
+    command.args([
+        "serve",
+        "--brokers",
+        address,
+        "--input-topic",
+        input,
+        "--output-topic",
+        output,
+    ]);
+    command
+}
+
+/// Produces `(key, payload)` messages to `topic`, spread over `partitions`
+/// in turn, and waits until the broker has them all.
+pub fn produce(address: &str, topic: &str, messages: &[(String, String)], partitions: i32) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use std::time::Duration;
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("message.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    for (i, (key, payload)) in messages.iter().enumerate() {
+        let partition = i as i32 % partitions;
+        let record = BaseRecord::to(topic).key(key).payload(payload).partition(partition);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60)).expect("all messages delivered");
+}
