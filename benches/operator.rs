@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use dualgp::operators::dataflow::{LearnGp, Record};
 use dualgp::operators::model::{
-    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, SequentialConfig, SequentialLearner,
+    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, SequentialConfig, SequentialLearner,
     StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
@@ -41,12 +41,9 @@ fn stream() -> Vec<Vec<Record>> {
 
 fn learner() -> SequentialLearner {
     let config = SequentialConfig {
-        inducing: 100,
         inducing_policy: InducingPolicy::Fixed,
-        pivot: Default::default(),
         e_step: EStepConfig { steps: 1, rho: 1.0 },
         m_steps: 0,
-        memory: MemoryPolicy::PerBatch { k: 10 },
         ..SequentialConfig::default()
     };
     let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![2.0]);

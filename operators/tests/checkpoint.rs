@@ -8,8 +8,8 @@ use dualgp_operators::dataflow::{
     Checkpoint, CheckpointStore, LearnGp, ModelUpdate, Prediction, Record, WriteCheckpoints,
 };
 use dualgp_operators::model::{
-    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, PastInMStep, Predictive,
-    SequentialConfig, SequentialLearner, StreamingLearner,
+    Data, EStepConfig, Family, Kernel, Likelihood, MemoryPolicy, Optimizer, Predictive, SequentialConfig,
+    SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -46,17 +46,14 @@ fn stream() -> Vec<Vec<Record>> {
 fn learner() -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 15,
-        inducing_policy: InducingPolicy::Pivoted,
-        pivot: Default::default(),
         e_step: EStepConfig { steps: 2, rho: 1.0 },
         m_steps: 5,
         m_rounds: 2,
         reexpress_old_data: true,
-        relearn_in_m_step: false,
-        past_in_m_step: PastInMStep::ScaledMemory,
         optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::Reservoir { capacity: 30 },
         seed: 3,
+        ..SequentialConfig::default()
     };
     let kernel = Kernel::stationary(Family::Matern32, 1.0, vec![0.8, 0.8]);
     SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.2 }, config).unwrap()

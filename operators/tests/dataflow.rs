@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
 use dualgp_operators::model::{
-    Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep,
-    Predictive, SequentialConfig, SequentialLearner, StreamingLearner,
+    Data, EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep, Predictive,
+    SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -67,8 +67,6 @@ fn learner(classes: bool) -> SequentialLearner {
     let relearn_in_m_step = matches!(optimizer, Optimizer::Lbfgs { .. });
     let config = SequentialConfig {
         inducing: 12,
-        inducing_policy: InducingPolicy::Pivoted,
-        pivot: Default::default(),
         e_step: EStepConfig { steps: 3, rho: 0.8 },
         m_steps: 4,
         m_rounds: 2,
@@ -83,6 +81,7 @@ fn learner(classes: bool) -> SequentialLearner {
         optimizer,
         memory,
         seed: 7,
+        ..SequentialConfig::default()
     };
     SequentialLearner::new(kernel, likelihood, config).unwrap()
 }

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use dualgp_operators::dataflow::{delayed_labels, LearnGp, ModelUpdate, Record};
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep, Predictive,
-    SequentialConfig, SequentialLearner, StreamingLearner,
+    EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, Predictive, SequentialConfig,
+    SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -52,17 +52,13 @@ fn arrivals() -> Vec<Arrival> {
 fn learner() -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 12,
-        inducing_policy: InducingPolicy::Pivoted,
-        pivot: Default::default(),
         e_step: EStepConfig { steps: 3, rho: 0.8 },
         m_steps: 5,
-        m_rounds: 1,
         reexpress_old_data: true,
-        relearn_in_m_step: false,
-        past_in_m_step: PastInMStep::ScaledMemory,
         optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::PerBatch { k: 5 },
         seed: 1,
+        ..SequentialConfig::default()
     };
     let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.8, 0.8]);
     SequentialLearner::new(kernel, Likelihood::Bernoulli { link: Link::Probit }, config).unwrap()
