@@ -155,7 +155,40 @@ fn gaussian_stream_with_fixed_z_and_theta_is_batch_sgpr_on_all_data() {
 
 /// A nontrivial old term: one batch learned with moving `θ`, then `θ` moved on
 /// and `b` = part of `a` and new points.
-fn old_and_new(lik: &Likelihood, seed: u64) -> (OldTerm, Kernel, Likelihood, DMatrix<f64>, Data, DualPosterior) {
+/// osgpr with `inducing` points and `max_iter` L-BFGS iterations per batch, defaults otherwise.
+fn learner(kernel: Kernel, lik: Likelihood, inducing: usize, max_iter: usize) -> OsgprLearner {
+    let config = OsgprConfig {
+        inducing,
+        max_iter,
+        ..OsgprConfig::default()
+    };
+    OsgprLearner::new(kernel, lik, config).unwrap()
+}
+
+/// An old posterior's term and a new batch with moved `Z` and changed `θ`.
+struct Case {
+    old: OldTerm,
+    kernel: Kernel,
+    lik: Likelihood,
+    z: DMatrix<f64>,
+    data: Data,
+    post: DualPosterior,
+}
+
+impl Case {
+    fn online(&self) -> Online<'_> {
+        Online {
+            kernel: &self.kernel,
+            likelihood: &self.lik,
+            z: &self.z,
+            jitter: 1e-6,
+            old: Some(&self.old),
+            data: &self.data,
+        }
+    }
+}
+
+fn old_and_new(lik: &Likelihood, seed: u64) -> Case {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let data = |rng: &mut ChaCha8Rng, n| match lik {
         Likelihood::Gaussian { .. } => regression_data(rng, n),
@@ -163,12 +196,7 @@ fn old_and_new(lik: &Likelihood, seed: u64) -> (OldTerm, Kernel, Likelihood, DMa
     };
     let first = data(&mut rng, 60);
     let ard = Kernel::stationary(Family::Matern52, 1.1, vec![0.9, 1.4]);
-    let config = OsgprConfig {
-        inducing: 8,
-        max_iter: 5,
-        ..OsgprConfig::default()
-    };
-    let mut learner = OsgprLearner::new(ard, lik.clone(), config).unwrap();
+    let mut learner = learner(ard, lik.clone(), 8, 5);
     learner.update(&first).unwrap();
     let post = learner.posterior().unwrap();
     let old = OldTerm::new(post).unwrap();
@@ -179,7 +207,14 @@ fn old_and_new(lik: &Likelihood, seed: u64) -> (OldTerm, Kernel, Likelihood, DMa
     set_hyperparameters(&mut kernel, &mut lik, &theta);
     let fresh = uniform(&mut rng, 4, 2, 3.0);
     let z = DMatrix::from_fn(10, 2, |i, j| if i < 6 { post.z[(i, j)] } else { fresh[(i - 6, j)] });
-    (old, kernel, lik, z, data(&mut rng, 50), post.clone())
+    Case {
+        old,
+        kernel,
+        lik,
+        z,
+        data: data(&mut rng, 50),
+        post: post.clone(),
+    }
 }
 
 /// `q(b)` maximising the explicit bound: the E-step's fixed point with the old term as a site.
@@ -220,15 +255,9 @@ fn assert_fd(mut f: impl FnMut(&[f64]) -> f64, x: &[f64], analytic: &[f64], what
 }
 
 fn check_uncollapsed_gradients(lik: Likelihood) {
-    let (old, kernel, lik, z, data, _) = old_and_new(&lik, 3);
-    let online = Online {
-        kernel: &kernel,
-        likelihood: &lik,
-        z: &z,
-        jitter: 1e-6,
-        old: Some(&old),
-        data: &data,
-    };
+    let case = old_and_new(&lik, 3);
+    let (kernel, lik, z) = (case.kernel.clone(), case.lik.clone(), case.z.clone());
+    let online = case.online();
     // Away from the optimum, so that every gradient is non-zero.
     let (_, mut q) = optimal_q(&online, 2);
     q[0].mean.add_scalar_mut(0.1);
@@ -294,15 +323,9 @@ fn uncollapsed_bernoulli_gradient_matches_finite_differences() {
 
 #[test]
 fn collapsed_gradient_matches_finite_differences() {
-    let (old, kernel, lik, z, data, _) = old_and_new(&Likelihood::Gaussian { variance: NOISE }, 4);
-    let online = Online {
-        kernel: &kernel,
-        likelihood: &lik,
-        z: &z,
-        jitter: 1e-6,
-        old: Some(&old),
-        data: &data,
-    };
+    let case = old_and_new(&Likelihood::Gaussian { variance: NOISE }, 4);
+    let (kernel, lik, z) = (case.kernel.clone(), case.lik.clone(), case.z.clone());
+    let online = case.online();
     let (bound, _) = online.collapsed_with_grad().unwrap();
     let theta = hyperparameters(&kernel, &lik);
     let at_theta = |t: &[f64]| {
@@ -333,15 +356,8 @@ fn optimal_q_is_a_stationary_point_of_the_explicit_bound() {
         Likelihood::Bernoulli { link: Link::Logit },
         Likelihood::Poisson,
     ] {
-        let (old, kernel, lik, z, data, _) = old_and_new(&lik, 5);
-        let online = Online {
-            kernel: &kernel,
-            likelihood: &lik,
-            z: &z,
-            jitter: 1e-6,
-            old: Some(&old),
-            data: &data,
-        };
+        let case = old_and_new(&lik, 5);
+        let online = case.online();
         let (_, q) = optimal_q(&online, 30);
         let bound = online.uncollapsed(&q).unwrap();
         let (gm, gs) = (bound.grad_mean[0].amax(), bound.grad_sqrt[0].amax());
@@ -360,7 +376,7 @@ fn optimal_q_is_a_stationary_point_of_the_explicit_bound() {
 
 #[test]
 fn the_old_term_keeps_q_old_and_k_aa() {
-    let (old, .., post) = old_and_new(&Likelihood::Bernoulli { link: Link::Probit }, 6);
+    let Case { old, post, .. } = old_and_new(&Likelihood::Bernoulli { link: Link::Probit }, 6);
     let (m_a, s_a) = old.q_old(0);
     let (m_u, s_u) = post.q_u(0);
     assert!(rel_err_vec(&m_a, &m_u) < 1e-10 && rel_err_mat(&s_a, &s_u) < 1e-10);
@@ -374,12 +390,7 @@ fn a_classification_stream_learns_the_boundary() {
     let batches: Vec<Data> = (0..5).map(|_| classification_data(&mut rng, 120)).collect();
     let test = classification_data(&mut rng, 1000);
     let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0, 1.0]);
-    let config = OsgprConfig {
-        inducing: 25,
-        max_iter: 30,
-        ..OsgprConfig::default()
-    };
-    let mut learner = OsgprLearner::new(kernel, Likelihood::Bernoulli { link: Link::Probit }, config).unwrap();
+    let mut learner = learner(kernel, Likelihood::Bernoulli { link: Link::Probit }, 25, 30);
     let mut accuracy = Vec::new();
     for batch in &batches {
         let report = learner.update(batch).unwrap();
