@@ -51,6 +51,13 @@ pub struct BatchReport {
     pub batch: usize,
     pub n_seen: u64,
     pub seconds: f64,
+    #[serde(flatten)]
+    pub scores: TestScores,
+}
+
+/// The model's figures on the test set, and on each of its tasks.
+#[derive(Debug, Clone, Serialize)]
+pub struct TestScores {
     pub test_nlpd: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_rmse: Option<f64>,
@@ -58,6 +65,17 @@ pub struct BatchReport {
     pub test_accuracy: Option<f64>,
     #[serde(flatten)]
     pub by_task: ByTask,
+}
+
+impl TestScores {
+    fn new(m: &Metrics, by_task: ByTask) -> Self {
+        TestScores {
+            test_nlpd: m.nlpd,
+            test_rmse: m.rmse,
+            test_accuracy: m.accuracy,
+            by_task,
+        }
+    }
 }
 
 /// Test metrics for each task of a test file with a `task` column (keys are
@@ -75,13 +93,8 @@ pub struct ByTask {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalReport {
-    pub test_nlpd: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub test_rmse: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub test_accuracy: Option<f64>,
     #[serde(flatten)]
-    pub by_task: ByTask,
+    pub scores: TestScores,
     pub seconds_total: f64,
     /// The learned kernel and likelihood hyperparameters by name.
     pub hyperparameters: BTreeMap<String, f64>,
@@ -149,7 +162,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 &mut total,
                 &mut progress,
             )?;
-            let by_task = batches.last().map(|b| b.by_task.clone()).unwrap_or_default();
+            let by_task = batches.last().map(|b| b.scores.by_task.clone()).unwrap_or_default();
             (metrics, by_task, learner.hyperparameters())
         }
         Method::Offline => {
@@ -175,7 +188,12 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             };
             let metrics = score(&test)?;
             let by_task = tasks.score(score)?;
-            batches.push(batch_report(1, train.n() as u64, total, &metrics, by_task.clone()));
+            batches.push(BatchReport {
+                batch: 1,
+                n_seen: train.n() as u64,
+                seconds: total,
+                scores: TestScores::new(&metrics, by_task.clone()),
+            });
             progress(1, 1);
             (
                 metrics,
@@ -192,10 +210,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         order: order.to_string(),
         batches,
         final_: FinalReport {
-            test_nlpd: final_metrics.nlpd,
-            test_rmse: final_metrics.rmse,
-            test_accuracy: final_metrics.accuracy,
-            by_task: final_by_task,
+            scores: TestScores::new(&final_metrics, final_by_task),
             seconds_total: total,
             hyperparameters: hyperparameters.into_iter().collect(),
         },
@@ -227,7 +242,12 @@ fn stream(
         *total += seconds;
         let metrics = learner.evaluate(test)?;
         let by_task = tasks.score(|t| Ok(learner.evaluate(t)?))?;
-        batches.push(batch_report(b + 1, n_seen, seconds, &metrics, by_task));
+        batches.push(BatchReport {
+            batch: b + 1,
+            n_seen,
+            seconds,
+            scores: TestScores::new(&metrics, by_task),
+        });
         last = Some(metrics);
         progress(b + 1, n_batches);
     }
@@ -248,18 +268,6 @@ fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {
     fits("training", &train)?;
     fits("test", &test)?;
     Ok((train, test))
-}
-
-fn batch_report(batch: usize, n_seen: u64, seconds: f64, m: &Metrics, by_task: ByTask) -> BatchReport {
-    BatchReport {
-        batch,
-        n_seen,
-        seconds,
-        test_nlpd: m.nlpd,
-        test_rmse: m.rmse,
-        test_accuracy: m.accuracy,
-        by_task,
-    }
 }
 
 /// The test rows of each task, in task order (none without a `task` column).

@@ -120,7 +120,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 bar.set_position(done as u64);
             })?;
             bar.finish_and_clear();
-            let f = &report.final_;
+            let f = &report.final_.scores;
             let score = f
                 .test_rmse
                 .map(|r| format!("RMSE {r:.4}"))
@@ -131,7 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 report.data,
                 f.test_nlpd,
                 score.unwrap_or_default(),
-                f.seconds_total,
+                report.final_.seconds_total,
                 args.report.display()
             );
             Ok(())
