@@ -14,7 +14,7 @@ use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatchReader,
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
-use common::{assert_fails_with, dualgp};
+use common::{assert_fails_with, dualgp, json_report_of};
 use dualgp_connectors::shared_data;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -86,9 +86,7 @@ fn replay(data: &Path, dir: &Path, tag: &str, extra: &[&str]) -> (RecordBatch, s
         report.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let out = dualgp(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let report = json_report_of(&args, &report);
     (read(&output), report)
 }
 

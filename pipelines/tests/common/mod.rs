@@ -10,6 +10,13 @@ pub fn dualgp(args: &[&str]) -> Output {
         .expect("the dualgp binary runs")
 }
 
+/// Runs `dualgp` and requires it to succeed; returns the JSON report at `report`.
+pub fn json_report_of(args: &[&str], report: &std::path::Path) -> serde_json::Value {
+    let out = dualgp(args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap()
+}
+
 /// Fails with exit code ≠ 0 and a single stderr line containing `needle`.
 pub fn assert_fails_with(args: &[&str], needle: &str) {
     let out = dualgp(args);
