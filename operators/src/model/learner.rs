@@ -82,3 +82,31 @@ pub trait StreamingLearner {
         named_hyperparameters(self.kernel(), self.likelihood())
     }
 }
+
+/// The [`StreamingLearner`] accessors of a learner that keeps its state in
+/// fields `posterior: Option<DualPosterior>`, `kernel` (the prior),
+/// `likelihood` and `batches`: written once, for every such learner.
+macro_rules! field_accessors {
+    () => {
+        fn posterior(&self) -> Option<&DualPosterior> {
+            self.posterior.as_ref()
+        }
+
+        fn posterior_mut(&mut self) -> Option<&mut DualPosterior> {
+            self.posterior.as_mut()
+        }
+
+        fn prior_kernel(&self) -> &Kernel {
+            &self.kernel
+        }
+
+        fn batches(&self) -> u64 {
+            self.batches
+        }
+
+        fn likelihood(&self) -> &Likelihood {
+            &self.likelihood
+        }
+    };
+}
+pub(crate) use field_accessors;

@@ -137,6 +137,7 @@ impl OfflineModel {
                 cross,
                 &mut self.sites,
                 &config.e_step,
+                0.0,
             );
         };
         for rows in shuffled_batches(data.n(), size, rng) {
@@ -148,6 +149,7 @@ impl OfflineModel {
                 &cross.select(&rows),
                 &mut part,
                 &config.e_step,
+                0.0,
             )?;
             self.sites.scatter(&rows, &part);
         }

@@ -40,11 +40,11 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::estep::{e_step_until, EStepConfig, PointSites};
+use crate::model::dual::estep::{e_step_at, EStepConfig, PointSites};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
 use crate::model::error::{ModelError, Result};
-use crate::model::learner::{Learned, StreamingLearner};
+use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::inducing::{pivoted_cholesky, select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
@@ -778,7 +778,7 @@ impl<'a> Online<'a> {
         };
         // One guarded run: steps that lower the bound are undone across the whole run.
         let e_step = EStepConfig { steps, rho };
-        e_step_until(
+        e_step_at(
             &mut post,
             self.likelihood,
             self.data,
@@ -923,10 +923,10 @@ impl OsgprLearner {
             likelihood: self.likelihood.clone(),
             z,
             jitter,
-            sites: PointSites::zeros(batch.n(), self.likelihood.n_latent()),
         };
-        let evaluations = fit.optimise(old.as_ref(), batch, &self.config)?;
-        let (posterior, bound) = fit.finish(old.as_ref(), batch, &self.config)?;
+        let mut sites = PointSites::zeros(batch.n(), self.likelihood.n_latent());
+        let evaluations = fit.optimise(old.as_ref(), batch, &mut sites, &self.config)?;
+        let (posterior, bound) = fit.finish(old.as_ref(), batch, &mut sites, &self.config)?;
 
         self.likelihood = fit.likelihood;
         self.posterior = Some(posterior);
@@ -993,14 +993,13 @@ fn stack(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
     })
 }
 
-/// The model being fitted to one batch, with the batch's point sites kept
-/// between evaluations as a warm start for `q(b)`.
+/// The model being fitted to one batch. The batch's point sites, kept
+/// between evaluations as a warm start for `q(b)`, go alongside.
 struct Fit {
     kernel: Kernel,
     likelihood: Likelihood,
     z: DMatrix<f64>,
     jitter: f64,
-    sites: PointSites,
 }
 
 impl Fit {
@@ -1038,20 +1037,19 @@ impl Fit {
     }
 
     /// The profile bound `F(θ, q*(θ))`, its gradient, and `q*` as whitened sites.
-    fn profile(&mut self, old: Option<&OldTerm>, data: &Data, config: &OsgprConfig) -> Result<(Bound, Vec<Sites>)> {
-        let online = Online {
-            kernel: &self.kernel,
-            likelihood: &self.likelihood,
-            z: &self.z,
-            jitter: self.jitter,
-            old,
-            data,
-        };
+    fn profile(
+        &self,
+        old: Option<&OldTerm>,
+        data: &Data,
+        sites: &mut PointSites,
+        config: &OsgprConfig,
+    ) -> Result<(Bound, Vec<Sites>)> {
+        let online = self.online(old, data);
         let (bound, whitened) = if self.gaussian() {
             let (bound, c) = online.collapsed_with_grad()?;
             (bound, vec![c.whitened])
         } else {
-            online.optimal_q(&mut self.sites, config.q_steps, config.q_rho)?
+            online.optimal_q(sites, config.q_steps, config.q_rho)?
         };
         if !bound.value.is_finite() || bound.grad.iter().chain(bound.grad_z.iter()).any(|v| !v.is_finite()) {
             return Err(ModelError::Config("the online bound is not finite here".into()));
@@ -1060,7 +1058,13 @@ impl Fit {
     }
 
     /// L-BFGS on the profile bound; returns the number of evaluations.
-    fn optimise(&mut self, old: Option<&OldTerm>, data: &Data, config: &OsgprConfig) -> Result<usize> {
+    fn optimise(
+        &mut self,
+        old: Option<&OldTerm>,
+        data: &Data,
+        sites: &mut PointSites,
+        config: &OsgprConfig,
+    ) -> Result<usize> {
         if config.max_iter == 0 {
             return Ok(0);
         }
@@ -1069,10 +1073,10 @@ impl Fit {
         let mut evaluations = 0;
         let f = |p: &DVector<f64>| -> Result<(f64, DVector<f64>)> {
             evaluations += 1;
-            let warm = self.sites.clone();
+            let warm = sites.clone();
             self.set_params(p, with_z);
             // A failed trial point must not leave its sites behind.
-            let (bound, _) = self.profile(old, data, config).inspect_err(|_| self.sites = warm)?;
+            let (bound, _) = self.profile(old, data, sites, config).inspect_err(|_| *sites = warm)?;
             let grad = bound.grad.iter().chain(bound.grad_z.iter().filter(|_| with_z));
             Ok((bound.value, DVector::from_iterator(p.len(), grad.copied())))
         };
@@ -1082,8 +1086,14 @@ impl Fit {
     }
 
     /// The posterior over `b` at the fitted `θ` and the bound there.
-    fn finish(&mut self, old: Option<&OldTerm>, data: &Data, config: &OsgprConfig) -> Result<(DualPosterior, f64)> {
-        let (bound, whitened) = self.profile(old, data, config)?;
+    fn finish(
+        &self,
+        old: Option<&OldTerm>,
+        data: &Data,
+        sites: &mut PointSites,
+        config: &OsgprConfig,
+    ) -> Result<(DualPosterior, f64)> {
+        let (bound, whitened) = self.profile(old, data, sites, config)?;
         Ok((self.online(old, data).posterior(&whitened)?, bound.value))
     }
 }
@@ -1103,23 +1113,5 @@ impl StreamingLearner for OsgprLearner {
         })
     }
 
-    fn posterior(&self) -> Option<&DualPosterior> {
-        self.posterior.as_ref()
-    }
-
-    fn posterior_mut(&mut self) -> Option<&mut DualPosterior> {
-        self.posterior.as_mut()
-    }
-
-    fn prior_kernel(&self) -> &Kernel {
-        &self.kernel
-    }
-
-    fn batches(&self) -> u64 {
-        self.batches
-    }
-
-    fn likelihood(&self) -> &Likelihood {
-        &self.likelihood
-    }
+    field_accessors!();
 }

@@ -157,11 +157,13 @@ pub fn e_step(
         });
     }
     let cross = post.cross(data.x());
-    e_step_at(post, likelihood, data, &cross, sites, config)
+    e_step_at(post, likelihood, data, &cross, sites, config, 0.0)
 }
 
 /// [`e_step`] with the kernel quantities at `data` already computed (they
 /// stay valid while the kernel and `Z` do); the caller has checked `data`.
+/// It stops before `config.steps` once a step moved no site by more than
+/// `tolerance` relative to its size ([`relative_change`]); 0 takes every step.
 ///
 /// Each step must raise the E-step's objective, the bound
 /// `Σ_i E_q[log p(y_i|f_i)] + E_q[log t(u)] − KL[q ‖ p]` with `t` what the rest
@@ -177,26 +179,13 @@ pub fn e_step_at(
     cross: &Cross,
     sites: &mut PointSites,
     config: &EStepConfig,
-) -> Result<()> {
-    e_step_until(post, likelihood, data, cross, sites, config, 0.0)
-}
-
-/// [`e_step_at`], stopping before `config.steps` once a step moved no site
-/// by more than `tolerance` relative to its size ([`relative_change`]).
-pub fn e_step_until(
-    post: &mut DualPosterior,
-    likelihood: &Likelihood,
-    data: &Data,
-    cross: &Cross,
-    sites: &mut PointSites,
-    config: &EStepConfig,
     tolerance: f64,
 ) -> Result<()> {
     if likelihood.is_conjugate() {
         // One undamped step is exact; no step can overshoot.
         for _ in 0..config.steps {
             let (_, change) = site_update(post, likelihood, data, cross, sites, config.rho);
-            for (totals, change) in post.whitened.iter_mut().zip(&change) {
+            for (totals, change) in post.whitened.iter_mut().zip(&change.totals(&cross.a)) {
                 totals.add(change, 1.0);
             }
             post.refresh_sites()?;
@@ -207,7 +196,7 @@ pub fn e_step_until(
     let mut guard = Backtracking::new(config.rho);
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
-        let (expected, change) = site_step(post, likelihood, data, cross, sites, guard.rho());
+        let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.rho());
         let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
@@ -290,24 +279,11 @@ impl<S> Backtracking<S> {
 const BOUND_TOLERANCE: f64 = 1e-12;
 
 /// One damped update of the sites of `data`'s points (kernel quantities
-/// `cross`); returns their `Σ_i E_q[log p(y_i|f_i)]` before it and the change
-/// of their contribution to the totals. Shares of points update
-/// independently; both add up.
+/// `cross`); returns their `Σ_i E_q[log p(y_i|f_i)]` before it and the
+/// changes of the sites (of their contribution to the totals:
+/// `change.totals(&cross.a)`). Shares of points update independently; both
+/// add up.
 pub fn site_update(
-    post: &DualPosterior,
-    likelihood: &Likelihood,
-    data: &Data,
-    cross: &Cross,
-    sites: &mut PointSites,
-    rho: f64,
-) -> (f64, Vec<Sites>) {
-    let (expected, change) = site_step(post, likelihood, data, cross, sites, rho);
-    (expected, change.totals(&cross.a))
-}
-
-/// One damped update of every point's sites; returns `Σ_i E_q[log p(y_i|f_i)]`
-/// before the update, and the changes.
-fn site_step(
     post: &DualPosterior,
     likelihood: &Likelihood,
     data: &Data,

@@ -22,7 +22,7 @@ use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosteri
 use crate::model::dual::shard::{Answer, Partition, Query, Shard};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
-use crate::model::learner::{Learned, StreamingLearner};
+use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
@@ -675,23 +675,5 @@ impl StreamingLearner for SequentialLearner {
         })
     }
 
-    fn posterior(&self) -> Option<&DualPosterior> {
-        self.posterior.as_ref()
-    }
-
-    fn posterior_mut(&mut self) -> Option<&mut DualPosterior> {
-        self.posterior.as_mut()
-    }
-
-    fn prior_kernel(&self) -> &Kernel {
-        &self.kernel
-    }
-
-    fn batches(&self) -> u64 {
-        self.batches
-    }
-
-    fn likelihood(&self) -> &Likelihood {
-        &self.likelihood
-    }
+    field_accessors!();
 }

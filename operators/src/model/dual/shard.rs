@@ -363,6 +363,7 @@ impl Block {
                         &mut self.sites,
                         *rho,
                     );
+                    let change = change.totals(&columns.cross.a);
                     Answer::Step(BlockSums::one(self.block, SiteStep { expected, change }))
                 }
                 _ => Answer::Nothing,
