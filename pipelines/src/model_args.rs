@@ -92,9 +92,9 @@ pub enum MemoryPolicyName {
 #[derive(Debug, Clone, Default, Args, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelArgs {
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub preset: Option<Preset>,
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub kernel: Option<KernelName>,
     /// One lengthscale per input (`--ard`, `--ard true`) or one for all (`--ard
     /// false`); by default one per input up to 32 inputs.
@@ -109,16 +109,16 @@ pub struct ModelArgs {
     pub linear: Option<bool>,
     #[arg(long)]
     pub inducing: Option<usize>,
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub inducing_policy: Option<InducingPolicyName>,
     /// How pivoted Cholesky picks inducing inputs: largest residual variance
     /// (default), or largest reduction of the residual variance summed over
     /// the data, past inducing inputs standing for the points seen (README).
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub inducing_pivot: Option<PivotName>,
     #[arg(long)]
     pub memory_per_batch: Option<usize>,
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub memory_policy: Option<MemoryPolicyName>,
     /// Bound the memory: a reservoir over the whole stream, uniform (BLS-weighted with --memory-policy bls).
     #[arg(long)]
@@ -130,7 +130,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub e_lr: Option<f64>,
     /// The M-step's optimiser (dual-memory).
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub m_optimizer: Option<OptimizerName>,
     /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100).
     #[arg(long)]
@@ -142,7 +142,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub m_relearn: Option<bool>,
     /// How the M-step stands for past data no longer at hand (dual-memory).
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub m_past: Option<PastName>,
     /// M-step rounds per batch, the batch and memory re-learned between them.
     #[arg(long)]
@@ -227,19 +227,12 @@ impl ModelArgs {
                 bias: false,
                 linear: false,
                 noise: 0.1,
+                // The learner's own defaults are the paper's, which the
+                // reference runs with its inducing inputs fixed.
                 sequential: SequentialConfig {
-                    inducing: 100,
                     inducing_policy: InducingPolicy::Fixed,
-                    pivot: Pivot::Variance,
-                    e_step: EStepConfig { steps: 4, rho: 0.8 },
-                    m_steps: 20,
-                    m_rounds: 1,
-                    reexpress_old_data: false,
-                    relearn_in_m_step: false,
-                    past_in_m_step: PastInMStep::ScaledMemory,
-                    optimizer: Optimizer::Adam { lr: 0.01 },
-                    memory: MemoryPolicy::PerBatch { k: 10 },
                     seed: self.seed.unwrap_or(0),
+                    ..SequentialConfig::default()
                 },
                 osgpr: OsgprConfig::default(),
                 z_first_rows: true,
