@@ -192,27 +192,24 @@ fn io(path: &Path, source: std::io::Error) -> CheckpointError {
     }
 }
 
+/// Each worker's `(worker, source position)` at an epoch.
+pub type Positions<'scope, P> = StreamVec<'scope, u64, (usize, P)>;
+
+/// The epochs whose checkpoint was saved, or why saving failed.
+pub type Saved<'scope> = StreamVec<'scope, u64, Result<u64, String>>;
+
 pub trait WriteCheckpoints<'scope> {
     /// Saves a checkpoint for every model update once every worker has
-    /// reported its source position for that epoch (`positions`: `(worker,
-    /// position)` at the epoch). An epoch some worker never reported (its
-    /// stream closed first) gets none: resuming there would skip that
-    /// worker's records. Emits the saved epochs, or why saving failed.
-    fn write_checkpoints<P>(
-        self,
-        positions: StreamVec<'scope, u64, (usize, P)>,
-        store: CheckpointStore,
-    ) -> StreamVec<'scope, u64, Result<u64, String>>
+    /// reported its source position for that epoch. An epoch some worker
+    /// never reported (its stream closed first) gets none: resuming there
+    /// would skip that worker's records.
+    fn write_checkpoints<P>(self, positions: Positions<'scope, P>, store: CheckpointStore) -> Saved<'scope>
     where
         P: timely::ExchangeData + Clone + Serialize;
 }
 
 impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
-    fn write_checkpoints<P>(
-        self,
-        positions: StreamVec<'scope, u64, (usize, P)>,
-        store: CheckpointStore,
-    ) -> StreamVec<'scope, u64, Result<u64, String>>
+    fn write_checkpoints<P>(self, positions: Positions<'scope, P>, store: CheckpointStore) -> Saved<'scope>
     where
         P: timely::ExchangeData + Clone + Serialize,
     {
