@@ -1,10 +1,12 @@
 //! A Parquet file that appears under its name only when complete: it is
 //! written to `NAME.partial` beside it and renamed on [`finish`](AtomicParquet::finish),
 //! so a crash leaves a `.partial` file, never a truncated file that looks done.
+//! It takes columns of its schema and counts the rows written.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
+use arrow::array::ArrayRef;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
@@ -20,6 +22,8 @@ pub(crate) struct AtomicParquet {
     path: PathBuf,
     partial: PathBuf,
     writer: ArrowWriter<File>,
+    schema: SchemaRef,
+    rows: u64,
 }
 
 /// `NAME.partial` beside `path`.
@@ -44,7 +48,7 @@ impl AtomicParquet {
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .set_max_row_group_row_count(Some(ROWS_PER_GROUP))
             .build();
-        let writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(|source| SinkError::Parquet {
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|source| SinkError::Parquet {
             path: partial.clone(),
             source,
         })?;
@@ -52,19 +56,31 @@ impl AtomicParquet {
             path: path.to_owned(),
             partial,
             writer,
+            schema,
+            rows: 0,
         })
     }
 
-    pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<(), SinkError> {
-        self.writer.write(batch).map_err(|source| SinkError::Parquet {
+    /// Appends rows: one array per column of the schema, all of one length.
+    pub(crate) fn write(&mut self, columns: Vec<ArrayRef>) -> Result<(), SinkError> {
+        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| SinkError::Config(e.to_string()))?;
+        self.writer.write(&batch).map_err(|source| SinkError::Parquet {
             path: self.partial.clone(),
             source,
-        })
+        })?;
+        self.rows += batch.num_rows() as u64;
+        Ok(())
     }
 
-    /// Write the footer, sync, and rename into place.
-    pub(crate) fn finish(self) -> Result<(), SinkError> {
-        let AtomicParquet { path, partial, writer } = self;
+    /// Write the footer, sync, and rename into place; returns the rows written.
+    pub(crate) fn finish(self) -> Result<u64, SinkError> {
+        let AtomicParquet {
+            path,
+            partial,
+            writer,
+            rows,
+            ..
+        } = self;
         let file = writer.into_inner().map_err(|source| SinkError::Parquet {
             path: partial.clone(),
             source,
@@ -80,6 +96,6 @@ impl AtomicParquet {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
         }
-        Ok(())
+        Ok(rows)
     }
 }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use arrow::record_batch::RecordBatch;
 use dualgp_operators::dataflow::Prediction;
 use dualgp_operators::model::{Likelihood, Predictive};
 use serde::{Deserialize, Serialize};
@@ -108,8 +107,6 @@ impl PredictionLayout {
 pub struct PredictionWriter {
     file: AtomicParquet,
     layout: PredictionLayout,
-    schema: SchemaRef,
-    rows: u64,
 }
 
 impl PredictionWriter {
@@ -118,12 +115,9 @@ impl PredictionWriter {
         if layout == PredictionLayout::Classes(0) {
             return Err(SinkError::Config("a class layout needs at least 1 class".into()));
         }
-        let schema = layout.schema();
         Ok(PredictionWriter {
-            file: AtomicParquet::create(path.as_ref(), schema.clone())?,
+            file: AtomicParquet::create(path.as_ref(), layout.schema())?,
             layout,
-            schema,
-            rows: 0,
         })
     }
 
@@ -145,24 +139,18 @@ impl PredictionWriter {
         columns.push(Arc::new(UInt64Array::from_iter(
             predictions.iter().map(|p| p.model_epoch),
         )));
-        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| SinkError::Config(e.to_string()))?;
-        self.file.write(&batch)?;
-        self.rows += predictions.len() as u64;
-        Ok(())
+        self.file.write(columns)
     }
 
     /// Close the file and move it into place; returns the rows written.
     pub fn finish(self) -> Result<u64, SinkError> {
-        self.file.finish()?;
-        Ok(self.rows)
+        self.file.finish()
     }
 }
 
 /// Dead letters to a Parquet file: `origin`, `reason_kind`, `reason`, `payload` (utf8).
 pub struct DeadLetterWriter {
     file: AtomicParquet,
-    schema: SchemaRef,
-    rows: u64,
 }
 
 impl DeadLetterWriter {
@@ -173,9 +161,7 @@ impl DeadLetterWriter {
                 .to_vec(),
         ));
         Ok(DeadLetterWriter {
-            file: AtomicParquet::create(path.as_ref(), schema.clone())?,
-            schema,
-            rows: 0,
+            file: AtomicParquet::create(path.as_ref(), schema)?,
         })
     }
 
@@ -192,15 +178,11 @@ impl DeadLetterWriter {
             column(&|d| d.reason.to_string()),
             column(&|d| d.payload.clone()),
         ];
-        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| SinkError::Config(e.to_string()))?;
-        self.file.write(&batch)?;
-        self.rows += dead_letters.len() as u64;
-        Ok(())
+        self.file.write(columns)
     }
 
     /// Close the file and move it into place; returns the rows written.
     pub fn finish(self) -> Result<u64, SinkError> {
-        self.file.finish()?;
-        Ok(self.rows)
+        self.file.finish()
     }
 }
