@@ -2,14 +2,17 @@
 //! ends with the same model and the same predictions for later epochs as a run
 //! that was never interrupted, and applies every epoch exactly once.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
+use common::small_config;
 use dualgp_operators::dataflow::{
     Checkpoint, CheckpointStore, LearnGp, ModelUpdate, Prediction, Record, WriteCheckpoints,
 };
 use dualgp_operators::model::{
-    Data, EStepConfig, Family, Kernel, Likelihood, MemoryPolicy, Optimizer, Predictive, SequentialConfig,
-    SequentialLearner, StreamingLearner,
+    Data, EStepConfig, Family, Kernel, Likelihood, MemoryPolicy, Predictive, SequentialConfig, SequentialLearner,
+    StreamingLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -47,13 +50,10 @@ fn learner() -> SequentialLearner {
     let config = SequentialConfig {
         inducing: 15,
         e_step: EStepConfig { steps: 2, rho: 1.0 },
-        m_steps: 5,
         m_rounds: 2,
-        reexpress_old_data: true,
-        optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::Reservoir { capacity: 30 },
         seed: 3,
-        ..SequentialConfig::default()
+        ..small_config()
     };
     let kernel = Kernel::stationary(Family::Matern32, 1.0, vec![0.8, 0.8]);
     SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.2 }, config).unwrap()

@@ -46,6 +46,7 @@ fn task(data: &Data, t: usize) -> Data {
 }
 
 fn learner(
+    kernel: Kernel,
     e_step: EStepConfig,
     inducing_policy: InducingPolicy,
     memory: MemoryPolicy,
@@ -59,7 +60,7 @@ fn learner(
         memory,
         ..SequentialConfig::default()
     };
-    SequentialLearner::new(kernel(), softmax(), config)
+    SequentialLearner::new(kernel, softmax(), config)
         .unwrap()
         .with_inducing(z)
         .unwrap()
@@ -67,6 +68,16 @@ fn learner(
 
 fn max_abs(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
     (a - b).abs().max()
+}
+
+/// `got` predicts the latent functions at `test` as `want` does, to 1e-6.
+fn assert_predicts_as(got: &DualPosterior, want: &DualPosterior, test: &Data, what: &str) {
+    let (got, want) = (got.predict_f(test.x()), want.predict_f(test.x()));
+    let (e_mean, e_var) = (max_abs(&got.mean, &want.mean), max_abs(&got.var, &want.var));
+    assert!(
+        e_mean < 1e-6 && e_var < 1e-6,
+        "{what}mean error {e_mean:e}, variance error {e_var:e}"
+    );
 }
 
 #[test]
@@ -78,6 +89,7 @@ fn with_all_past_data_in_memory_the_class_incremental_stream_equals_batch_traini
     let converged = EStepConfig { steps: 150, rho: 0.6 };
     let z0 = task(&train, 0).x().rows(0, 12).into_owned();
     let mut learner = learner(
+        kernel(),
         converged,
         InducingPolicy::Pivoted,
         MemoryPolicy::PerBatch { k: 1000 },
@@ -96,12 +108,7 @@ fn with_all_past_data_in_memory_the_class_incremental_stream_equals_batch_traini
             &converged,
         )
         .unwrap();
-        let (got, want) = (post.predict_f(test.x()), batch.predict_f(test.x()));
-        let (e_mean, e_var) = (max_abs(&got.mean, &want.mean), max_abs(&got.var, &want.var));
-        assert!(
-            e_mean < 1e-6 && e_var < 1e-6,
-            "task {t}: mean error {e_mean:e}, variance error {e_var:e}"
-        );
+        assert_predicts_as(post, &batch, &test, &format!("task {t}: "));
         assert_eq!(learner.memory.len(), seen.n());
     }
 }
@@ -123,24 +130,40 @@ fn bound_after(steps: usize, kernel: &Kernel, data: &Data, z: &DMatrix<f64>) -> 
         .value
 }
 
-#[test]
-fn the_e_step_settles_while_later_classes_have_no_data() {
-    // The first task alone: four of the six latents see no point of their
-    // class, and every point pushes them down. With a large prior variance
-    // (where the M-step takes a softmax), undamped-enough steps let those
-    // sites collapse and rebuild in a cycle; the bound must settle instead.
-    let (train, _) = tasks(50, 11);
+/// The cycling setting: the first task alone, where four of the six latents
+/// see no point of their class and every point pushes them down; a large
+/// prior variance (where the M-step takes a softmax); `Z` its first 40 rows.
+struct Cycling {
+    first: Data,
+    test: Data,
+    kernel: Kernel,
+    z: DMatrix<f64>,
+}
+
+fn cycling() -> Cycling {
+    let (train, test) = tasks(50, 11);
     let first = task(&train, 0);
-    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
     let z = first.x().rows(0, 40).into_owned();
-    let bounds: Vec<f64> = (30..=36).map(|steps| bound_after(steps, &kernel, &first, &z)).collect();
+    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
+    Cycling { first, test, kernel, z }
+}
+
+/// The bound after 30 to 36 steps stays within 0.1, above the bound after 3.
+fn assert_settles(bound_after: impl Fn(usize) -> f64) {
+    let bounds: Vec<f64> = (30..=36).map(&bound_after).collect();
     let spread =
         bounds.iter().copied().fold(f64::NEG_INFINITY, f64::max) - bounds.iter().copied().fold(f64::INFINITY, f64::min);
     assert!(spread < 0.1, "the bound after 30..36 steps: {bounds:?}");
-    assert!(
-        bound_after(3, &kernel, &first, &z) < bounds[0],
-        "later steps raised the bound"
-    );
+    assert!(bound_after(3) < bounds[0], "later steps raised the bound");
+}
+
+#[test]
+fn the_e_step_settles_while_later_classes_have_no_data() {
+    // In the cycling setting, undamped-enough steps let the sites of the
+    // latents without data collapse and rebuild in a cycle; the bound must
+    // settle instead.
+    let Cycling { first, kernel, z, .. } = cycling();
+    assert_settles(|steps| bound_after(steps, &kernel, &first, &z));
 }
 
 #[test]
@@ -148,11 +171,8 @@ fn osgpr_settles_q_while_later_classes_have_no_data() {
     // The cycling setting above through Bui et al.'s learner, whose q(b) runs
     // undamped natural-gradient steps to convergence: they too must keep the
     // steps that raise the bound and undo the others across the whole run.
-    let (train, _) = tasks(50, 11);
-    let first = task(&train, 0);
-    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
-    let z = first.x().rows(0, 40).into_owned();
-    let bound_after = |q_steps: usize| {
+    let Cycling { first, kernel, z, .. } = cycling();
+    assert_settles(|q_steps| {
         let config = OsgprConfig {
             inducing: z.nrows(),
             inducing_policy: OsgprInducing::Fixed,
@@ -165,12 +185,7 @@ fn osgpr_settles_q_while_later_classes_have_no_data() {
             .with_inducing(z.clone())
             .unwrap();
         learner.update(&first).unwrap().bound
-    };
-    let bounds: Vec<f64> = (30..=36).map(bound_after).collect();
-    let spread =
-        bounds.iter().copied().fold(f64::NEG_INFINITY, f64::max) - bounds.iter().copied().fold(f64::INFINITY, f64::min);
-    assert!(spread < 0.1, "the bound after 30..36 steps: {bounds:?}");
-    assert!(bound_after(3) < bounds[0], "later steps raised the bound");
+    });
 }
 
 #[test]
@@ -178,34 +193,18 @@ fn the_learner_backs_off_across_its_shards_as_one_process_does() {
     // The cycling setting of the test above through the sequential learner,
     // whose E-step runs on shards: steps it undoes must be undone on every
     // shard (the Restore query), or its posterior leaves the single-process one.
-    let (train, test) = tasks(50, 11);
-    let first = task(&train, 0);
-    let kernel = Kernel::stationary(Family::Matern52, 150.0, vec![20.0]);
-    let z = first.x().rows(0, 40).into_owned();
+    let Cycling { first, test, kernel, z } = cycling();
     let e_step_config = EStepConfig { steps: 30, rho: 0.9 };
-    let config = SequentialConfig {
-        inducing: z.nrows(),
-        inducing_policy: InducingPolicy::Fixed,
-        e_step: e_step_config,
-        m_steps: 0,
-        memory: MemoryPolicy::None,
-        ..SequentialConfig::default()
-    };
-    let mut learner = SequentialLearner::new(kernel.clone(), softmax(), config)
-        .unwrap()
-        .with_inducing(z.clone())
-        .unwrap();
+    let mut learner = learner(
+        kernel.clone(),
+        e_step_config,
+        InducingPolicy::Fixed,
+        MemoryPolicy::None,
+        z.clone(),
+    );
     learner.update(&first).unwrap();
     let mut one = DualPosterior::new(kernel, z, CLASSES).unwrap();
     let mut sites = PointSites::zeros(first.n(), CLASSES);
     e_step(&mut one, &softmax(), &first, &mut sites, &e_step_config).unwrap();
-    let (got, want) = (
-        learner.posterior().unwrap().predict_f(test.x()),
-        one.predict_f(test.x()),
-    );
-    let (e_mean, e_var) = (max_abs(&got.mean, &want.mean), max_abs(&got.var, &want.var));
-    assert!(
-        e_mean < 1e-6 && e_var < 1e-6,
-        "mean error {e_mean:e}, variance error {e_var:e}"
-    );
+    assert_predicts_as(learner.posterior().unwrap(), &one, &test, "");
 }

@@ -2,9 +2,12 @@
 //! one process, and 2 processes on loopback, give the same model and the same
 //! predictions on the same batches.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use common::small_config;
 use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
 use dualgp_operators::model::{
     Data, EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep, Predictive,
@@ -66,11 +69,8 @@ fn learner(classes: bool) -> SequentialLearner {
     };
     let relearn_in_m_step = matches!(optimizer, Optimizer::Lbfgs { .. });
     let config = SequentialConfig {
-        inducing: 12,
-        e_step: EStepConfig { steps: 3, rho: 0.8 },
         m_steps: 4,
         m_rounds: 2,
-        reexpress_old_data: true,
         relearn_in_m_step,
         // Past data's message takes one more round of questions to the workers.
         past_in_m_step: if relearn_in_m_step {
@@ -81,7 +81,7 @@ fn learner(classes: bool) -> SequentialLearner {
         optimizer,
         memory,
         seed: 7,
-        ..SequentialConfig::default()
+        ..small_config()
     };
     SequentialLearner::new(kernel, likelihood, config).unwrap()
 }

@@ -2,12 +2,14 @@
 //! label comes (a differential join by id); the model equals the one learned
 //! with each record labelled from the start at the epoch its label came.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
+use common::small_config;
 use dualgp_operators::dataflow::{delayed_labels, LearnGp, ModelUpdate, Record};
 use dualgp_operators::model::{
-    EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, Predictive, SequentialConfig,
-    SequentialLearner, StreamingLearner,
+    Family, Kernel, Likelihood, Link, MemoryPolicy, Predictive, SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -51,14 +53,9 @@ fn arrivals() -> Vec<Arrival> {
 
 fn learner() -> SequentialLearner {
     let config = SequentialConfig {
-        inducing: 12,
-        e_step: EStepConfig { steps: 3, rho: 0.8 },
-        m_steps: 5,
-        reexpress_old_data: true,
-        optimizer: Optimizer::Adam { lr: 0.05 },
         memory: MemoryPolicy::PerBatch { k: 5 },
         seed: 1,
-        ..SequentialConfig::default()
+        ..small_config()
     };
     let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.8, 0.8]);
     SequentialLearner::new(kernel, Likelihood::Bernoulli { link: Link::Probit }, config).unwrap()

@@ -60,13 +60,18 @@ fn assert_matches_finite_differences(
         plus[p] += h;
         minus[p] -= h;
         let numeric = (value_at(&plus) - value_at(&minus)) / (2.0 * h);
-        let err = (analytic[p] - numeric).abs() / numeric.abs().max(1e-3);
-        assert!(
-            err < 1e-5,
-            "parameter {p}: analytic {} vs finite difference {numeric} (rel. error {err:e})",
-            analytic[p]
-        );
+        assert_near_difference(analytic[p], numeric, format_args!("parameter {p}"));
     }
+}
+
+/// `analytic` within 1e-5 of the finite difference `numeric`, relative to
+/// `|numeric|` (at least 1e-3).
+fn assert_near_difference(analytic: f64, numeric: f64, what: std::fmt::Arguments) {
+    let err = (analytic - numeric).abs() / numeric.abs().max(1e-3);
+    assert!(
+        err < 1e-5,
+        "{what}: analytic {analytic} vs finite difference {numeric} (rel. error {err:e})"
+    );
 }
 
 /// `∂F/∂Z` against finite differences, the totals held fixed as in the M-step.
@@ -86,12 +91,7 @@ fn check_inducing_gradient(kernel: Kernel, lik: Likelihood) {
                 m_step_objective(&post, &lik, &data, None).unwrap().value
             };
             let numeric = (value_at(h) - value_at(-h)) / (2.0 * h);
-            let err = (analytic[(j, k)] - numeric).abs() / numeric.abs().max(1e-3);
-            assert!(
-                err < 1e-5,
-                "∂F/∂z[{j},{k}]: analytic {} vs finite difference {numeric}",
-                analytic[(j, k)]
-            );
+            assert_near_difference(analytic[(j, k)], numeric, format_args!("∂F/∂z[{j},{k}]"));
         }
     }
 }

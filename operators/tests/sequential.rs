@@ -1,6 +1,8 @@
 //! The sequential learner (Algorithm 1) against batch training, closed forms
 //! and the sampling law of its memory.
 
+use std::ops::Range;
+
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::dual::memory::{reservoir_key, top_k};
 use dualgp_operators::model::dual::point::point_uniform;
@@ -22,6 +24,16 @@ fn classification_stream(n: usize, rng: &mut ChaCha8Rng) -> Data {
         f64::from((x[(i, 0)] * x[(i, 1)]).sin() + 0.3 * rng.random::<f64>() > 0.1)
     });
     Data::new(x, y).unwrap()
+}
+
+/// The rows `range` of `data`.
+fn rows(data: &Data, range: Range<usize>) -> Data {
+    data.select(&range.collect::<Vec<_>>())
+}
+
+/// A probit classifier on [`kernel`].
+fn classifier(config: SequentialConfig) -> SequentialLearner {
+    SequentialLearner::new(kernel(), Likelihood::Bernoulli { link: Link::Probit }, config).unwrap()
 }
 
 fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
@@ -53,10 +65,9 @@ fn with_all_past_data_in_memory_the_stream_equals_batch_training() {
         .with_inducing(z.clone())
         .unwrap();
     for (b, start) in (0..stream.n()).step_by(40).enumerate() {
-        let rows: Vec<usize> = (start..start + 40).collect();
-        learner.update(&stream.select(&rows)).unwrap();
+        learner.update(&rows(&stream, start..start + 40)).unwrap();
 
-        let seen = stream.select(&(0..start + 40).collect::<Vec<_>>());
+        let seen = rows(&stream, 0..start + 40);
         let mut batch = DualPosterior::new(kernel(), z.clone(), 1).unwrap();
         e_step(&mut batch, &lik, &seen, &mut PointSites::zeros(seen.n(), 1), &CONVERGED).unwrap();
 
@@ -213,22 +224,18 @@ fn reservoir_keeps_points_in_proportion_to_their_scores() {
 
 #[test]
 fn bounded_memory_keeps_its_capacity() {
-    let mut rng = ChaCha8Rng::seed_from_u64(14);
-    let stream = classification_stream(400, &mut rng);
-    let config = SequentialConfig {
+    let stream = classification_stream(400, &mut ChaCha8Rng::seed_from_u64(14));
+    let mut learner = classifier(SequentialConfig {
         inducing: 20,
         inducing_policy: InducingPolicy::Pivoted,
         e_step: EStepConfig { steps: 3, rho: 0.8 },
         m_steps: 5,
         memory: MemoryPolicy::Reservoir { capacity: 25 },
         ..SequentialConfig::default()
-    };
-    let mut learner = SequentialLearner::new(kernel(), Likelihood::Bernoulli { link: Link::Probit }, config).unwrap();
+    });
     let mut moved = 0;
     for start in (0..400).step_by(50) {
-        let report = learner
-            .update(&stream.select(&(start..start + 50).collect::<Vec<_>>()))
-            .unwrap();
+        let report = learner.update(&rows(&stream, start..start + 50)).unwrap();
         moved += usize::from(report.moved_inducing);
         assert!(learner.memory.len() <= 25);
     }
@@ -245,25 +252,20 @@ fn bounded_memory_keeps_its_capacity() {
 /// batch and fail it.
 #[test]
 fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
-    let mut rng = ChaCha8Rng::seed_from_u64(15);
-    let stream = classification_stream(400, &mut rng);
+    let stream = classification_stream(400, &mut ChaCha8Rng::seed_from_u64(15));
     let mut counts = [0usize; 8];
     let seeds = 40;
     for seed in 0..seeds {
-        let config = SequentialConfig {
+        let mut learner = classifier(SequentialConfig {
             inducing: 10,
             e_step: EStepConfig { steps: 1, rho: 0.8 },
             m_steps: 0,
             memory: MemoryPolicy::RandomReservoir { capacity: 25 },
             seed,
             ..SequentialConfig::default()
-        };
-        let mut learner =
-            SequentialLearner::new(kernel(), Likelihood::Bernoulli { link: Link::Probit }, config).unwrap();
+        });
         for start in (0..400).step_by(50) {
-            learner
-                .update(&stream.select(&(start..start + 50).collect::<Vec<_>>()))
-                .unwrap();
+            learner.update(&rows(&stream, start..start + 50)).unwrap();
             assert!(learner.memory.len() <= 25);
         }
         assert_eq!(learner.memory.len(), 25);
@@ -278,18 +280,16 @@ fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
 
 #[test]
 fn a_checkpoint_round_trips_through_serde() {
-    let mut rng = ChaCha8Rng::seed_from_u64(15);
-    let stream = classification_stream(120, &mut rng);
-    let config = SequentialConfig {
+    let stream = classification_stream(120, &mut ChaCha8Rng::seed_from_u64(15));
+    let mut learner = classifier(SequentialConfig {
         inducing: 10,
         ..SequentialConfig::default()
-    };
-    let mut learner = SequentialLearner::new(kernel(), Likelihood::Bernoulli { link: Link::Probit }, config).unwrap();
-    learner.update(&stream.select(&(0..60).collect::<Vec<_>>())).unwrap();
+    });
+    learner.update(&rows(&stream, 0..60)).unwrap();
     let json = serde_json::to_string(&learner).unwrap();
     let mut restored: SequentialLearner = serde_json::from_str(&json).unwrap();
     restored.ensure_factors().unwrap();
-    let next = stream.select(&(60..120).collect::<Vec<_>>());
+    let next = rows(&stream, 60..120);
     learner.update(&next).unwrap();
     restored.update(&next).unwrap();
     let (a, b) = (learner.posterior().unwrap(), restored.posterior().unwrap());
@@ -445,10 +445,7 @@ fn with_past_data_as_its_message_the_m_step_reaches_the_online_collapsed_bound()
     // collapsed bound in which the first batch stands as pseudo-observations
     // of u (Bui et al. 2017), built here with dense algebra.
     let data = wave(300, 17);
-    let (first, second) = (
-        data.select(&(0..150).collect::<Vec<_>>()),
-        data.select(&(150..300).collect::<Vec<_>>()),
-    );
+    let (first, second) = (rows(&data, 0..150), rows(&data, 150..300));
     let z = first.x().rows(0, 40).into_owned();
     let mut learner = relearning(&z, 0, PastInMStep::Message);
     learner.update(&first).unwrap();

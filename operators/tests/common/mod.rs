@@ -1,8 +1,9 @@
-//! Oracle helpers shared by the closed-form tests: a squared-exponential
-//! kernel written out independently of the library, and seeded data.
+//! Helpers shared by the tests: for the closed-form ones a squared-exponential
+//! kernel written out independently of the library and seeded data, for the
+//! dataflow ones a small learner's settings.
 #![allow(dead_code)]
 
-use dualgp_operators::model::{Data, Family, Kernel};
+use dualgp_operators::model::{Data, EStepConfig, Family, Kernel, Optimizer, SequentialConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -37,4 +38,17 @@ pub fn regression_data(rng: &mut ChaCha8Rng, n: usize) -> Data {
         (x[(i, 0)]).sin() + 0.5 * x[(i, 1)] + 0.3 * rng.random::<f64>()
     });
     Data::new(x, y).unwrap()
+}
+
+/// Few inducing inputs and few steps, so that a stream of a few epochs runs
+/// in moments; each dataflow test names what it sets otherwise.
+pub fn small_config() -> SequentialConfig {
+    SequentialConfig {
+        inducing: 12,
+        e_step: EStepConfig { steps: 3, rho: 0.8 },
+        m_steps: 5,
+        reexpress_old_data: true,
+        optimizer: Optimizer::Adam { lr: 0.05 },
+        ..SequentialConfig::default()
+    }
 }
