@@ -1,11 +1,13 @@
 //! Predictions and dead letters to Parquet: the replay contract's columns,
 //! and a file that appears under its name only when complete.
 
-use std::fs::File;
-use std::path::Path;
+mod common;
 
-use arrow::array::{Array, AsArray, RecordBatch, RecordBatchReader};
-use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
+use std::fs::File;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Int64Type, UInt64Type};
+use common::{f64s, read_parquet};
 use dualgp_connectors::{
     partial_path, DeadLetter, DeadLetterWriter, Origin, PredictionLayout, PredictionWriter, Reason, SinkError,
 };
@@ -13,27 +15,8 @@ use dualgp_operators::dataflow::Prediction;
 use dualgp_operators::model::{Likelihood, Link, Predictive};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-fn read(path: &Path) -> RecordBatch {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
-    let schema = reader.schema();
-    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&schema, &batches).unwrap()
-}
-
 fn names(batch: &RecordBatch) -> Vec<String> {
     batch.schema().fields().iter().map(|f| f.name().clone()).collect()
-}
-
-fn f64s(batch: &RecordBatch, column: &str) -> Vec<f64> {
-    batch
-        .column_by_name(column)
-        .unwrap()
-        .as_primitive::<Float64Type>()
-        .values()
-        .to_vec()
 }
 
 fn moments(id: i64, epoch: u64) -> Prediction {
@@ -64,7 +47,7 @@ fn moments_are_written_as_id_epoch_mean_var() {
     assert_eq!(w.finish().unwrap(), 1001);
     assert!(path.exists() && !partial_path(&path).exists());
 
-    let batch = read(&path);
+    let batch = read_parquet(&path);
     assert_eq!(names(&batch), ["id", "epoch", "mean", "var", "model_epoch"]);
     assert_eq!(batch.column(0).data_type(), &DataType::Int64);
     assert_eq!(batch.column(1).data_type(), &DataType::UInt64);
@@ -97,7 +80,7 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
     w.write(&[classes(7, vec![0.25, 0.75]), classes(8, vec![0.9, 0.1])])
         .unwrap();
     w.finish().unwrap();
-    let batch = read(&path);
+    let batch = read_parquet(&path);
     assert_eq!(names(&batch), ["id", "epoch", "p1", "model_epoch"]);
     assert_eq!(f64s(&batch, "p1"), [0.75, 0.1]);
 
@@ -105,7 +88,7 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
     let mut w = PredictionWriter::create(&path, PredictionLayout::Classes(3)).unwrap();
     w.write(&[classes(1, vec![0.2, 0.3, 0.5])]).unwrap();
     w.finish().unwrap();
-    let batch = read(&path);
+    let batch = read_parquet(&path);
     assert_eq!(names(&batch), ["id", "epoch", "p0", "p1", "p2", "model_epoch"]);
     assert_eq!(f64s(&batch, "p2"), [0.5]);
 }
@@ -128,7 +111,7 @@ fn a_prediction_of_the_wrong_shape_is_an_error_not_a_panic() {
     assert!(w.write(&[two]).is_err());
     // Nothing of a refused call was written.
     assert_eq!(w.finish().unwrap(), 0);
-    assert_eq!(read(&path).num_rows(), 0);
+    assert_eq!(read_parquet(&path).num_rows(), 0);
 }
 
 #[test]
@@ -183,7 +166,7 @@ fn dead_letters_are_written_with_origin_reason_and_payload() {
     ])
     .unwrap();
     assert_eq!(w.finish().unwrap(), 2);
-    let batch = read(&path);
+    let batch = read_parquet(&path);
     assert_eq!(names(&batch), ["origin", "reason_kind", "reason", "payload"]);
     let text = |c: &str| -> Vec<String> {
         let a = batch.column_by_name(c).unwrap().as_string::<i32>();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow::array::{
     ArrayRef, Float32Array, Float64Array, Int64Array, StringArray, TimestampMillisecondArray, UInt64Array,
 };
-use common::{data, read_parts, rewrite_with_row_groups, write_parquet};
+use common::{data, read_parts, regrouped, write_parquet};
 use dualgp_connectors::{
     ColumnMapping, ColumnSpec, EpochPart, EpochRule, Origin, ParquetPosition, ParquetSource, ParquetSourceConfig,
     Reason, ReasonKind, SchemaError, SourceError, Table, WorkerShare,
@@ -84,10 +84,8 @@ fn elevators_streams_every_row_once_in_file_order() {
 
 #[test]
 fn epochs_are_the_same_rows_whatever_the_number_of_workers() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bike_groups.parquet");
     // Row groups of 700 rows against epochs of 1000: groups straddle epochs.
-    rewrite_with_row_groups(&data("bike.parquet"), &path, 700);
+    let (_dir, path) = regrouped("bike", 700);
     let config = rows(1000);
     let one = read_all_workers(&path, &config, 1);
     assert_eq!(one.len(), 18);
@@ -111,9 +109,7 @@ fn epochs_are_the_same_rows_whatever_the_number_of_workers() {
 
 #[test]
 fn resume_continues_where_the_checkpoint_left_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("elevators_groups.parquet");
-    rewrite_with_row_groups(&data("elevators.parquet"), &path, 1500);
+    let (_dir, path) = regrouped("elevators", 1500);
     let config = rows(1000);
     let full = read_all_workers(&path, &config, 1);
 
@@ -401,9 +397,7 @@ fn magnetometer_by_time(width: f64) -> ParquetSourceConfig {
 fn event_time_epochs_agree_across_workers_on_magnetometer() {
     // Nine robot paths, each with its own clock from ~16 s: after the first
     // path, rows whose window is behind the stream's are late.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("magnetometer_groups.parquet");
-    rewrite_with_row_groups(&data("magnetometer.parquet"), &path, 5000);
+    let (_dir, path) = regrouped("magnetometer", 5000);
     let config = magnetometer_by_time(20.0);
     let one = read_all_workers(&path, &config, 1);
     let mut watermark = 0u64;

@@ -4,50 +4,18 @@
 //! bad rows become dead letters and bad invocations one clear line.
 
 mod common;
+#[path = "../../connectors/tests/common/mod.rs"]
+mod parquet_files;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatchReader, UInt64Array};
-use arrow::compute::concat_batches;
+use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, UInt64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 use common::{assert_fails_with, dualgp, json_report_of};
-use dualgp_connectors::shared_data;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
-use parquet::file::properties::WriterProperties;
-
-fn read(path: &Path) -> RecordBatch {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
-    let schema = reader.schema();
-    let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
-    concat_batches(&schema, &batches).unwrap()
-}
-
-fn write(path: &Path, batch: &RecordBatch, rows_per_group: usize) {
-    let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(rows_per_group))
-        .build();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
-
-fn f64s(batch: &RecordBatch, name: &str) -> Vec<f64> {
-    let column = batch.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
-    column
-        .as_any()
-        .downcast_ref::<Float64Array>()
-        .unwrap()
-        .values()
-        .to_vec()
-}
+use parquet_files::{data, f64s, read_parquet, write_batch};
 
 fn i64s(batch: &RecordBatch, name: &str) -> Vec<i64> {
     let column = batch.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
@@ -67,9 +35,9 @@ fn i64s(batch: &RecordBatch, name: &str) -> Vec<i64> {
 
 /// The first `n` rows of a shared data set, in row groups of `rows_per_group`.
 fn head_of(name: &str, n: usize, rows_per_group: usize, dir: &Path) -> PathBuf {
-    let all = read(&shared_data(&format!("{name}.parquet")).unwrap_or_else(|e| panic!("{e}")));
+    let all = read_parquet(&data(&format!("{name}.parquet")));
     let path = dir.join(format!("{name}-{n}.parquet"));
-    write(&path, &all.slice(0, n.min(all.num_rows())), rows_per_group);
+    write_batch(&path, &all.slice(0, n.min(all.num_rows())), rows_per_group);
     path
 }
 
@@ -87,7 +55,7 @@ fn replay(data: &Path, dir: &Path, tag: &str, extra: &[&str]) -> (RecordBatch, s
     ];
     args.extend_from_slice(extra);
     let report = json_report_of(&args, &report);
-    (read(&output), report)
+    (read_parquet(&output), report)
 }
 
 fn model_epochs(batch: &RecordBatch) -> Vec<Option<u64>> {
@@ -118,7 +86,7 @@ fn regression_rows_are_scored_once_in_order_alike_on_one_and_two_workers() {
         assert_eq!(model_epoch, u64::try_from(id / 500 - 1).ok(), "row {id}");
     }
     assert_eq!(i64s(&two, "id"), ids);
-    let y = f64s(&read(&data), "y");
+    let y = f64s(&read_parquet(&data), "y");
     let (y_mean, y_var) = population_mean_var(&y[..500]);
     // Bit for bit: sums are added per block of ids, whatever the workers.
     for column in ["mean", "var"] {
@@ -190,10 +158,10 @@ fn on_arrival_scoring_scores_every_row_once_with_an_earlier_update() {
 #[test]
 fn classification_writes_p1_and_reports_accuracy_of_those_probabilities() {
     let dir = tempfile::tempdir().unwrap();
-    let data = shared_data("mammographic.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let data = data("mammographic.parquet");
     let flags = ["--likelihood", "bernoulli", "--batch-size", "200", "--workers", "2"];
     let (out, report) = replay(&data, dir.path(), "mammo", &flags);
-    let y: Vec<f64> = i64s(&read(&data), "y").into_iter().map(|c| c as f64).collect();
+    let y: Vec<f64> = i64s(&read_parquet(&data), "y").into_iter().map(|c| c as f64).collect();
     let p1 = f64s(&out, "p1");
     assert_eq!(p1.len(), y.len());
     assert!(out.column_by_name("mean").is_none());
@@ -230,7 +198,7 @@ fn classification_writes_p1_and_reports_accuracy_of_those_probabilities() {
 #[test]
 fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
     let dir = tempfile::tempdir().unwrap();
-    let banana = read(&shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}")));
+    let banana = read_parquet(&data("banana_train.parquet"));
     let mut x0 = f64s(&banana, "x0");
     let mut y: Vec<i64> = i64s(&banana, "y");
     x0[7] = f64::NAN;
@@ -250,7 +218,7 @@ fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
     ));
     let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect()).unwrap();
     let data = dir.path().join("banana-bad.parquet");
-    write(&data, &batch, 150);
+    write_batch(&data, &batch, 150);
 
     let (out, report) = replay(
         &data,
@@ -266,7 +234,7 @@ fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
         report["dead_letter_reasons"],
         serde_json::json!({"non_finite": 2, "invalid_label": 1})
     );
-    let dead = read(&dir.path().join("banana.dead-letters.parquet"));
+    let dead = read_parquet(&dir.path().join("banana.dead-letters.parquet"));
     let kinds: HashMap<String, usize> = {
         let k = dead.column_by_name("reason_kind").unwrap();
         let k = k.as_any().downcast_ref::<arrow::array::StringArray>().unwrap();
@@ -289,7 +257,7 @@ fn bad_invocations_and_bad_files_fail_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("p.parquet");
     let out = out.to_str().unwrap();
-    let banana = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let banana = data("banana_train.parquet");
     let banana = banana.to_str().unwrap();
     let base = |data| replay_args(data, out);
 
@@ -305,10 +273,10 @@ fn bad_invocations_and_bad_files_fail_with_one_line() {
     assert_fails_with(&base(truncated.to_str().unwrap()), "truncated.parquet");
 
     // No label column.
-    let all = read(Path::new(banana));
+    let all = read_parquet(Path::new(banana));
     let no_y = all.project(&[0, 2, 3]).unwrap();
     let unlabelled = dir.path().join("no-y.parquet");
-    write(&unlabelled, &no_y, 1000);
+    write_batch(&unlabelled, &no_y, 1000);
     assert_says_once(&base(unlabelled.to_str().unwrap()), "no column `y`");
 
     // A text column where a feature should be.
@@ -319,7 +287,7 @@ fn bad_invocations_and_bad_files_fail_with_one_line() {
     fields[2] = Field::new(fields[2].name(), arrow::datatypes::DataType::Utf8, false);
     let texts = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
     let with_text = dir.path().join("text.parquet");
-    write(&with_text, &texts, 1000);
+    write_batch(&with_text, &texts, 1000);
     assert_says_once(&base(with_text.to_str().unwrap()), "has type Utf8");
     assert!(!Path::new(out).exists(), "a failed replay left an output file");
 }
@@ -334,7 +302,7 @@ fn assert_says_once(args: &[&str], cause: &str) {
 #[test]
 fn run_with_a_pipeline_file_is_a_replay_and_flags_override_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let banana = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let banana = data("banana_train.parquet");
     let output = dir.path().join("out.parquet");
     let config = dir.path().join("pipeline.toml");
     let toml = format!(
@@ -347,6 +315,6 @@ fn run_with_a_pipeline_file_is_a_replay_and_flags_override_the_file() {
     let config = config.to_str().unwrap();
     let out = dualgp(&["run", "--config", config, "--workers", "1"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(i64s(&read(&output), "id"), (0..400).collect::<Vec<_>>());
+    assert_eq!(i64s(&read_parquet(&output), "id"), (0..400).collect::<Vec<_>>());
     assert_fails_with(&["run", "--config", config, "--inducing", "0"], "--inducing 0");
 }
