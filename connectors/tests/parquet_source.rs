@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow::array::{
     ArrayRef, Float32Array, Float64Array, Int64Array, StringArray, TimestampMillisecondArray, UInt64Array,
 };
-use common::{data, read_parts, regrouped, write_parquet};
+use common::{data, read_parts, regrouped, temp_parquet, write_parquet};
 use dualgp_connectors::{
     ColumnMapping, ColumnSpec, EpochPart, EpochRule, Origin, ParquetPosition, ParquetSource, ParquetSourceConfig,
     Reason, ReasonKind, SchemaError, SourceError, Table, WorkerShare,
@@ -251,8 +251,6 @@ fn schema_problems_stop_the_whole_source_with_a_clear_error() {
 
 #[test]
 fn bad_rows_become_dead_letters_and_the_stream_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.parquet");
     let n = 12;
     let ids: Vec<Option<i64>> = (0..n).map(|i| if i == 3 { None } else { Some(i) }).collect();
     let mut x0: Vec<Option<f64>> = (0..n).map(|i| Some(i as f64)).collect();
@@ -264,15 +262,15 @@ fn bad_rows_become_dead_letters_and_the_stream_goes_on() {
     y[6] = Some(2);
     y[7] = Some(-1);
     y[8] = None; // scored only, not an error
-    write_parquet(
-        &path,
+    let (_dir, path) = temp_parquet(
+        "bad.parquet",
+        5,
         vec![
             ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
             ("x0", Arc::new(Float64Array::from(x0))),
             ("x1", Arc::new(Float32Array::from(x1))),
             ("y", Arc::new(Int64Array::from(y))),
         ],
-        5,
     );
     let config = ParquetSourceConfig {
         mapping: ColumnMapping::default().with_classes(2),
@@ -329,15 +327,13 @@ fn bad_rows_become_dead_letters_and_the_stream_goes_on() {
 
 #[test]
 fn unsigned_ids_beyond_int64_are_dead_letters() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("u64.parquet");
-    write_parquet(
-        &path,
+    let (_dir, path) = temp_parquet(
+        "u64.parquet",
+        10,
         vec![
             ("id", Arc::new(UInt64Array::from(vec![1, u64::MAX, 3])) as ArrayRef),
             ("x0", Arc::new(Float64Array::from(vec![0.1, 0.2, 0.3]))),
         ],
-        10,
     );
     let config = ParquetSourceConfig {
         mapping: ColumnMapping::default().without_label(),
@@ -435,12 +431,11 @@ fn event_time_epochs_agree_across_workers_on_magnetometer() {
 
 #[test]
 fn timestamp_event_times_are_seconds() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ts.parquet");
     // Milliseconds: 0.5 s, 1.5 s, 1.9 s, 0.7 s (late), 3.2 s, null.
     let ms = vec![Some(500), Some(1500), Some(1900), Some(700), Some(3200), None];
-    write_parquet(
-        &path,
+    let (_dir, path) = temp_parquet(
+        "ts.parquet",
+        2,
         vec![
             (
                 "id",
@@ -449,7 +444,6 @@ fn timestamp_event_times_are_seconds() {
             ("x0", Arc::new(Float64Array::from(vec![0.0; 6]))),
             ("ts", Arc::new(TimestampMillisecondArray::from(ms))),
         ],
-        2,
     );
     let config = ParquetSourceConfig {
         mapping: ColumnMapping::default().without_label().with_event_time("ts"),

@@ -1,31 +1,18 @@
 //! Reading the project's Parquet data sets into a `Table`, and refusing bad files.
 
+mod common;
+
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
-use arrow::record_batch::RecordBatch;
-use dualgp_connectors::{shared_data, shared_dir, Column, ColumnSpec, Table, TableError};
-use parquet::arrow::ArrowWriter;
+use arrow::datatypes::DataType;
+use common::{data, temp_parquet};
+use dualgp_connectors::{shared_dir, Column, ColumnSpec, Table, TableError};
+use parquet::file::properties::DEFAULT_MAX_ROW_GROUP_ROW_COUNT;
 
-/// A data file in `shared/data`; fails the test (never skips it) when `shared/` is missing.
-fn data(name: &str) -> PathBuf {
-    shared_data(name).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
-    let fields: Vec<Field> = columns
-        .iter()
-        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
-        .collect();
-    let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|c| c.1).collect()).expect("batch");
-    let mut w = ArrowWriter::try_new(fs::File::create(path).expect("create"), schema, None).expect("writer");
-    w.write(&batch).expect("write");
-    w.close().expect("close");
-}
+/// The writer's default row groups: every file here fits in one.
+const ONE_GROUP: usize = DEFAULT_MAX_ROW_GROUP_ROW_COUNT;
 
 fn check_common(t: &Table) {
     let n = t.n();
@@ -185,22 +172,22 @@ fn missing_file() {
     assert!(msg.contains(&path.display().to_string()), "{msg}");
 }
 
+/// Why reading `columns`, written to a file, with the default columns fails.
+fn refusal(columns: Vec<(&str, ArrayRef)>) -> TableError {
+    let (_dir, path) = temp_parquet("refused.parquet", ONE_GROUP, columns);
+    Table::read(&path, &ColumnSpec::default()).unwrap_err()
+}
+
 #[test]
 fn nulls_are_refused_with_column_and_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nulls.parquet");
     // Enough rows for several reader batches, so the row number crosses batches.
     let n = 3000;
     let x0: Float64Array = (0..n).map(|i| if i == 2500 { None } else { Some(i as f64) }).collect();
-    write_parquet(
-        &path,
-        vec![
-            ("id", Arc::new(Int64Array::from_iter_values(0..n as i64))),
-            ("x0", Arc::new(x0)),
-            ("y", Arc::new(Float64Array::from(vec![1.0; n]))),
-        ],
-    );
-    let err = Table::read(&path, &ColumnSpec::default()).unwrap_err();
+    let err = refusal(vec![
+        ("id", Arc::new(Int64Array::from_iter_values(0..n as i64))),
+        ("x0", Arc::new(x0)),
+        ("y", Arc::new(Float64Array::from(vec![1.0; n]))),
+    ]);
     assert!(
         matches!(&err, TableError::Null { column, row: 2500, .. } if column == "x0"),
         "{err:?}"
@@ -208,16 +195,11 @@ fn nulls_are_refused_with_column_and_row() {
     assert!(err.to_string().contains("`x0` has a null at row 2500"), "{err}");
 
     // A null label is refused too.
-    let path = dir.path().join("null_label.parquet");
-    write_parquet(
-        &path,
-        vec![
-            ("id", Arc::new(Int64Array::from(vec![0, 1, 2]))),
-            ("x0", Arc::new(Float64Array::from(vec![0.0, 1.0, 2.0]))),
-            ("y", Arc::new(Int64Array::from(vec![Some(0), None, Some(1)]))),
-        ],
-    );
-    let err = Table::read(&path, &ColumnSpec::default()).unwrap_err();
+    let err = refusal(vec![
+        ("id", Arc::new(Int64Array::from(vec![0, 1, 2]))),
+        ("x0", Arc::new(Float64Array::from(vec![0.0, 1.0, 2.0]))),
+        ("y", Arc::new(Int64Array::from(vec![Some(0), None, Some(1)]))),
+    ]);
     assert!(
         matches!(&err, TableError::Null { column, row: 1, .. } if column == "y"),
         "{err:?}"
@@ -226,10 +208,9 @@ fn nulls_are_refused_with_column_and_row() {
 
 #[test]
 fn numeric_types_are_cast_and_others_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("types.parquet");
-    write_parquet(
-        &path,
+    let (_dir, path) = temp_parquet(
+        "types.parquet",
+        ONE_GROUP,
         vec![
             ("id", Arc::new(Int32Array::from(vec![10, 11, 12]))),
             ("x10", Arc::new(Float32Array::from(vec![0.5f32, 1.5, 2.5]))),

@@ -79,6 +79,15 @@ pub fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>, rows_per_group
     write_batch(path, &batch, rows_per_group);
 }
 
+/// `columns` written to `name` in a fresh temporary directory, in row groups
+/// of `rows_per_group`; the directory lasts as long as the returned guard.
+pub fn temp_parquet(name: &str, rows_per_group: usize, columns: Vec<(&str, ArrayRef)>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    write_parquet(&path, columns, rows_per_group);
+    (dir, path)
+}
+
 /// Write `batch` to `path` in row groups of `rows_per_group`.
 pub fn write_batch(path: &Path, batch: &RecordBatch, rows_per_group: usize) {
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props(rows_per_group))).unwrap();
