@@ -212,23 +212,32 @@ struct Received {
 /// Told to the consumer once producing is over: how many ids to wait for, and since when.
 type Plan = Arc<Mutex<Option<(usize, Instant)>>>;
 
+/// A consumer of `topic`'s one partition from its start, in consumer group
+/// `group`, with `settings` besides.
+fn from_the_start(address: &str, topic: &str, group: &str, settings: &[(&str, &str)]) -> BaseConsumer {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", address)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
+    for (key, value) in settings {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config.create().expect("a consumer");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    // assign, not subscribe: group joins are slow on tansu.
+    consumer.assign(&list).expect("the output partition assigned");
+    consumer
+}
+
 /// Reads every prediction on `topic` (one partition, from the start) until
 /// ids `0..WARMUP + n` have all come, `DRAIN` has passed since producing ended, or
 /// nothing came for `QUIET` after it was set; `warm` counts the warm-up ids
 /// received so far.
 fn consume(address: &str, topic: &str, warm: &AtomicUsize, plan: &Plan) -> Received {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", "kafka-latency-bench")
-        .set("enable.auto.commit", "false")
-        // Answer fetches quickly: the measuring client's long poll is not serve's latency.
-        .set("fetch.wait.max.ms", "10")
-        .create()
-        .expect("a consumer");
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    // assign, not subscribe: group joins are slow on tansu.
-    consumer.assign(&list).expect("the output partition assigned");
+    // Answer fetches quickly: the measuring client's long poll is not serve's latency.
+    let consumer = from_the_start(address, topic, "kafka-latency-bench", &[("fetch.wait.max.ms", "10")]);
 
     let mut got = Received {
         at: vec![None; WARMUP + MEASURED],
@@ -282,15 +291,7 @@ fn consume(address: &str, topic: &str, warm: &AtomicUsize, plan: &Plan) -> Recei
 /// How many of `ids` have a prediction on `topic`, read again from the start
 /// by a fresh consumer (until nothing new for 3 s, at most 60 s).
 fn recount(address: &str, topic: &str, ids: &[usize]) -> usize {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", "kafka-latency-recount")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("a consumer");
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    consumer.assign(&list).expect("the output partition assigned");
+    let consumer = from_the_start(address, topic, "kafka-latency-recount", &[]);
     let wanted: std::collections::HashSet<usize> = ids.iter().copied().collect();
     let mut found = std::collections::HashSet::new();
     let (start, mut last) = (Instant::now(), Instant::now());
