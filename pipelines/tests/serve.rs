@@ -24,6 +24,17 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::{ClientConfig, Message};
 
+/// Creates the input topic `in`, of two partitions, on the broker at `address`.
+fn create_input(address: &str) {
+    let conn = KafkaConnection::new(address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, "in", 2).unwrap();
+}
+
+/// A port that was free on 127.0.0.1 a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// banana's rows as `serve` input messages: `(id, JSON)`.
 fn banana_messages() -> Vec<(i64, String)> {
     let path = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
@@ -162,8 +173,7 @@ fn predictions(address: &str, expected: usize) -> BTreeMap<i64, Vec<Option<u64>>
 fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dead_letters() {
     let broker = Broker::start();
     let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    create_topic(&conn, "in", 2).unwrap();
+    create_input(&address);
     let checkpoints = tempfile::tempdir().unwrap();
 
     let messages = banana_messages();
@@ -179,7 +189,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     batch.extend(malformed.iter().map(|m| ("bad".to_string(), m.to_string())));
     produce(&address, "in", &batch, 2);
 
-    let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port = free_port();
     let (stdout, page) = serve(&address, checkpoints.path(), "2", Some(metrics_port));
     assert!(stdout.contains("300 records scored"), "{stdout}");
     assert!(stdout.contains("offsets committed through epoch"), "{stdout}");
@@ -240,11 +250,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
 
 #[test]
 fn an_unreachable_broker_is_one_line_within_the_timeout() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let address = format!("127.0.0.1:{port}");
     let out = dualgp(&[
         "serve",
@@ -269,11 +275,10 @@ fn an_unreachable_broker_is_one_line_within_the_timeout() {
 fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     let broker = Broker::start();
     let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    create_topic(&conn, "in", 2).unwrap();
+    create_input(&address);
     produce(&address, "in", &keyed(&banana_messages()[..200]), 2);
     let checkpoints = tempfile::tempdir().unwrap();
-    let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port = free_port();
     // No --idle-exit: only the signal stops it.
     let port = metrics_port.to_string();
     let child = spawn_serve(&address, checkpoints.path(), &["--metrics-port", &port]);
@@ -303,13 +308,12 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     // Topics live in a local S3 server, so they outlive the broker process.
     let mut broker = Broker::start_durable();
     let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    create_topic(&conn, "in", 2).unwrap();
+    create_input(&address);
     let messages = keyed(&banana_messages()[..300]);
     let (before, after) = messages.split_at(200);
     produce(&address, "in", before, 2);
     let checkpoints = tempfile::tempdir().unwrap();
-    let metrics_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port = free_port();
     let port = metrics_port.to_string();
     let mut child = spawn_serve(
         &address,
