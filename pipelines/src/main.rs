@@ -121,16 +121,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })?;
             bar.finish_and_clear();
             let f = &report.final_.scores;
-            let score = f
-                .test_rmse
-                .map(|r| format!("RMSE {r:.4}"))
-                .or(f.test_accuracy.map(|a| format!("accuracy {a:.4}")));
             println!(
                 "{} on {}: test NLPD {:.4}, {}, {:.2} s learning; report in {}",
                 report.method,
                 report.data,
                 f.test_nlpd,
-                score.unwrap_or_default(),
+                score(f.test_rmse, f.test_accuracy),
                 report.final_.seconds_total,
                 args.report.display()
             );
@@ -145,17 +141,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })?
             .report;
             bar.finish_and_clear();
-            let score = report
-                .prequential_rmse
-                .map(|r| format!("RMSE {r:.4}"))
-                .or(report.prequential_accuracy.map(|a| format!("accuracy {a:.4}")));
             println!(
                 "replayed {} records in {} epochs ({:.0} records/s): prequential NLPD {:.4}, {}; {} dead letters; predictions in {}",
                 report.records,
                 report.epochs,
                 report.records_per_second,
                 report.prequential_nlpd,
-                score.unwrap_or_default(),
+                score(report.prequential_rmse, report.prequential_accuracy),
                 report.dead_letters,
                 args.output.display()
             );
@@ -177,6 +169,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The second figure of a summary line: the RMSE of a regression, else the
+/// accuracy of a classifier (else nothing).
+fn score(rmse: Option<f64>, accuracy: Option<f64>) -> String {
+    rmse.map(|r| format!("RMSE {r:.4}"))
+        .or(accuracy.map(|a| format!("accuracy {a:.4}")))
+        .unwrap_or_default()
 }
 
 /// Serves until SIGINT or SIGTERM (then finishes the epoch, checkpoints and
