@@ -239,8 +239,8 @@ impl KafkaSource {
     }
 
     /// [`next_epoch`](Self::next_epoch), handing records to `arrived` as they
-    /// come (after each poll that brought some), for scoring on arrival;
-    /// what `arrived` drains is not in the returned part.
+    /// come (whenever no further message is waiting), for scoring on
+    /// arrival; what `arrived` drains is not in the returned part.
     pub fn next_epoch_streaming(
         &mut self,
         mut arrived: impl FnMut(&mut Vec<Record>),
@@ -258,7 +258,18 @@ impl KafkaSource {
                 sleep(slice);
                 continue;
             }
-            match self.consumer.poll(slice) {
+            // Hand over what came once nothing more is waiting: one record at
+            // a time when the stream is slow, in batches when it is fast.
+            let waiting = match self.consumer.poll(Duration::ZERO) {
+                Some(message) => Some(message),
+                None => {
+                    if !self.records.is_empty() {
+                        arrived(&mut self.records);
+                    }
+                    self.consumer.poll(slice)
+                }
+            };
+            match waiting {
                 Some(Ok(message)) => {
                     let (partition, offset) = (message.partition(), message.offset());
                     let origin = MessageOrigin {
@@ -275,7 +286,6 @@ impl KafkaSource {
                     self.offsets.insert(partition, offset + 1);
                     self.trouble = None;
                     self.last_contact = Instant::now();
-                    arrived(&mut self.records);
                 }
                 Some(Err(e)) => {
                     self.note_trouble(&e);

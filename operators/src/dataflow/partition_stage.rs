@@ -237,10 +237,15 @@ pub(super) fn partition_stage<'scope>(
                 let answer = if labelled.is_empty() {
                     Answer::Nothing
                 } else {
-                    let answer = shard_of(partition, BTreeMap::from([(epoch, labelled.clone())]), features)
-                        .answer(Query::Arrivals);
+                    // The learner's first question, answered as a shard of
+                    // these records would: their inputs in id order.
+                    let mut rows: Vec<(PointId, Vec<f64>)> = labelled
+                        .iter()
+                        .map(|r| (PointId { batch: epoch, id: r.id }, r.features.clone()))
+                        .collect();
+                    rows.sort_unstable_by_key(|row| row.0);
                     ready.insert(epoch, labelled);
-                    answer
+                    Answer::Arrivals(rows)
                 };
                 session.give(StageOutput::Answer {
                     worker,
