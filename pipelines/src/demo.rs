@@ -17,6 +17,7 @@ use parquet::arrow::ArrowWriter;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::cluster::ClusterArgs;
 use crate::model_args::ModelArgs;
 use crate::replay::{self, ReplayArgs, ReplayReport};
 use crate::report;
@@ -62,6 +63,7 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
         likelihood: "gaussian".into(),
         batch_size: n.div_ceil(10).max(1) as u64,
         workers,
+        cluster: ClusterArgs::default(),
         model: ModelArgs {
             inducing: Some(m),
             seed: Some(seed),
@@ -72,7 +74,7 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
         epochs_in_flight: 2,
         scoring: Default::default(),
     };
-    let outcome = replay::run(&args, |_, _| {})?;
+    let outcome = replay::run(&args, |_, _| {})?.context("one process writes its own outcome")?;
     let model = outcome.learner.context("the stream taught the model nothing")?;
     // The model learned on the first epoch's scale: score the test set there, report on the data's.
     let s = &outcome.scaling;

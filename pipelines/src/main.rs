@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use dualgp_operators::model::StreamingLearner;
+use dualgp_pipelines::cluster::ClusterArgs;
 use dualgp_pipelines::model_args::ModelArgs;
 use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -47,6 +48,8 @@ enum Command {
         config: std::path::PathBuf,
         #[arg(long)]
         workers: Option<usize>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         #[command(flatten)]
         model: Box<ModelArgs>,
     },
@@ -135,12 +138,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => {
             let bar = progress_bar(0, "epochs", format!("replay {}", args.data.display()));
             let ticks = bar.clone();
-            let report = replay::run(&args, move |done, total| {
+            let outcome = replay::run(&args, move |done, total| {
                 ticks.set_length(total);
                 ticks.set_position(done);
-            })?
-            .report;
+            })?;
             bar.finish_and_clear();
+            let Some(report) = outcome.map(|o| o.report) else {
+                println!("dualgp replay: {}", replay::elsewhere(&args));
+                return Ok(());
+            };
             println!(
                 "replayed {} records in {} epochs ({:.0} records/s): prequential NLPD {:.4}, {}; {} dead letters; predictions in {}",
                 report.records,
@@ -154,8 +160,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => serve(&args),
-        Command::Run { config, workers, model } => {
-            let job = pipeline::PipelineConfig::read(&config)?.job(workers, &model)?;
+        Command::Run {
+            config,
+            workers,
+            cluster,
+            model,
+        } => {
+            let job = pipeline::PipelineConfig::read(&config)?.job(workers, &cluster, &model)?;
             println!("{}", pipeline::run(&job, stop_on_signals()?)?);
             Ok(())
         }

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use dualgp_operators::dataflow::Scoring;
 use serde::Deserialize;
 
+use crate::cluster::ClusterArgs;
 use crate::model_args::ModelArgs;
 use crate::replay::ReplayArgs;
 use crate::serve::ServeArgs;
@@ -112,8 +113,10 @@ impl PipelineConfig {
         })
     }
 
-    /// The job, with `workers` and the model flags given on the command line taking precedence.
-    pub fn job(&self, workers: Option<usize>, model: &ModelArgs) -> Result<Job> {
+    /// The job, with `workers` and the model flags given on the command line
+    /// taking precedence; `cluster` (flags only: each process has its own
+    /// `--process`) says which process of the cluster this is.
+    pub fn job(&self, workers: Option<usize>, cluster: &ClusterArgs, model: &ModelArgs) -> Result<Job> {
         let workers = workers.unwrap_or(self.workers);
         let model = self.model.overridden_by(model);
         let sinks = &self.sinks;
@@ -133,6 +136,7 @@ impl PipelineConfig {
                     likelihood: self.likelihood.clone(),
                     batch_size: *batch_size,
                     workers,
+                    cluster: cluster.clone(),
                     model,
                     report: sinks.report.clone(),
                     dead_letters: sinks.dead_letters.clone(),
@@ -165,6 +169,7 @@ impl PipelineConfig {
                     batch_size: *batch_size as usize,
                     batch_timeout_ms: *batch_timeout_ms,
                     workers,
+                    cluster: cluster.clone(),
                     idle_exit: *idle_exit,
                     model,
                     checkpoint_dir: sinks.checkpoint_dir.clone(),
@@ -184,16 +189,19 @@ impl PipelineConfig {
 /// Runs a pipeline file's job; `stop` ends a Kafka job (SIGINT/SIGTERM).
 pub fn run(job: &Job, stop: Arc<AtomicBool>) -> Result<String> {
     Ok(match job {
-        Job::Replay(args) => {
-            let r = crate::replay::run(args, |_, _| {})?.report;
-            format!(
-                "replayed {} records in {} epochs: prequential NLPD {:.4}; predictions in {}",
-                r.records,
-                r.epochs,
-                r.prequential_nlpd,
-                args.output.display()
-            )
-        }
+        Job::Replay(args) => match crate::replay::run(args, |_, _| {})? {
+            Some(outcome) => {
+                let r = outcome.report;
+                format!(
+                    "replayed {} records in {} epochs: prequential NLPD {:.4}; predictions in {}",
+                    r.records,
+                    r.epochs,
+                    r.prequential_nlpd,
+                    args.output.display()
+                )
+            }
+            None => crate::replay::elsewhere(args),
+        },
         Job::Serve(args) => {
             let s = crate::serve::run(args, stop)?;
             format!(
@@ -216,7 +224,7 @@ mod tests {
             inducing: Some(7),
             ..ModelArgs::default()
         };
-        let Job::Replay(args) = config.job(Some(3), &flags).unwrap() else {
+        let Job::Replay(args) = config.job(Some(3), &ClusterArgs::default(), &flags).unwrap() else {
             panic!("a Parquet source is a replay");
         };
         assert_eq!((args.workers, args.batch_size, args.model.inducing), (3, 1000, Some(7)));
@@ -241,7 +249,7 @@ mod tests {
         for (text, needle) in cases {
             std::fs::write(&path, text).unwrap();
             let err = PipelineConfig::read(&path)
-                .and_then(|c| c.job(None, &ModelArgs::default()).map(|_| ()))
+                .and_then(|c| c.job(None, &ClusterArgs::default(), &ModelArgs::default()).map(|_| ()))
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(needle) && !err.contains('\n'), "{err:?}");

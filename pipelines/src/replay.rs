@@ -8,25 +8,29 @@
 //! epoch's statistics, fixed from then on, so nothing is learned from rows
 //! that have not arrived yet; predictions are written on the data's own scale.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{
-    ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochRule, ParquetSource, ParquetSourceConfig,
-    PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
+    ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochPart, EpochRule, Origin, ParquetPosition,
+    ParquetSource, ParquetSourceConfig, PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
 };
-use dualgp_operators::dataflow::{GpOptions, LearnGp, Prediction, Record, Scoring};
+use dualgp_operators::dataflow::{GpOptions, GpStreams, LearnGp, ModelUpdate, Prediction, Record, Rejected, Scoring};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
 use nalgebra::DMatrix;
-use serde::Serialize;
-use timely::dataflow::operators::{Input, Inspect, Probe};
-use timely::dataflow::{InputHandleVec, ProbeHandle};
+use serde::{Deserialize, Serialize};
+use timely::dataflow::operators::{Exchange, Input, Inspect, Probe};
+use timely::dataflow::{InputHandleVec, ProbeHandle, StreamVec};
+use timely::worker::Worker;
 
-use crate::model_args::{check_workers, ModelArgs};
+use crate::cluster::ClusterArgs;
+use crate::model_args::{ModelArgs, Settings};
 use crate::protocol::Standardizer;
 
 #[derive(Debug, Clone, Args)]
@@ -42,9 +46,11 @@ pub struct ReplayArgs {
     /// Rows per epoch: the model learns after each.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: u64,
-    /// Dataflow worker threads; the output is the same for any count.
+    /// Dataflow worker threads (per process); the output is the same for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prequential metrics and throughput as JSON.
@@ -67,7 +73,10 @@ pub struct ReplayArgs {
 pub struct ReplayReport {
     pub data: String,
     pub likelihood: String,
+    /// Worker threads per process.
     pub workers: usize,
+    /// Processes of the timely cluster (1: one process).
+    pub processes: usize,
     pub epochs: u64,
     /// Rows scored (one output row each).
     pub records: u64,
@@ -111,169 +120,132 @@ pub struct ReplayOutcome {
     pub hyperparameters: Vec<(u64, Vec<(String, f64)>)>,
 }
 
-/// What the workers hand to the writer (worker 0), by epoch.
+/// What a reader sends worker 0 beside its records, timestamped by epoch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum ReaderNote {
+    /// A labelled record's label on the data's scale: its prediction is scored against it.
+    Label { id: i64, y: f64 },
+    /// A row the source could not use, as JSON: `DeadLetter`'s tagged enums
+    /// do not pass through timely's bincode between processes.
+    DeadLetter { epoch: u64, json: String },
+    /// Why this reader stopped before the end of its share.
+    Failed(String),
+}
+
+/// What worker 0 gathers from every worker, through the dataflow.
 #[derive(Default)]
-struct Collected {
+struct Gathered {
     predictions: BTreeMap<u64, Vec<Prediction>>,
     dead_letters: BTreeMap<u64, Vec<DeadLetter>>,
     labels: BTreeMap<i64, f64>,
+    counters: Counters,
     failed_updates: Vec<(u64, String)>,
     last_model: Option<SequentialLearner>,
     hyperparameters: Vec<(u64, Vec<(String, f64)>)>,
-    counters: Counters,
     error: Option<String>,
 }
 
+impl Gathered {
+    fn predicted(&mut self, p: &Prediction) {
+        self.predictions.entry(p.epoch).or_default().push(p.clone());
+    }
+
+    fn refused(&mut self, rejected: &Rejected) {
+        self.labels.remove(&rejected.record.id);
+        self.dead(rejected.epoch, DeadLetter::refused(rejected));
+    }
+
+    fn updated(&mut self, update: &ModelUpdate) {
+        if let Err(why) = &update.outcome {
+            self.failed_updates.push((update.epoch, why.clone()));
+        }
+        self.hyperparameters
+            .push((update.epoch, update.learner.hyperparameters()));
+        self.last_model = Some(update.learner.clone());
+    }
+
+    fn noted(&mut self, note: &ReaderNote) {
+        match note {
+            ReaderNote::Label { id, y } => {
+                self.labels.insert(*id, *y);
+            }
+            ReaderNote::DeadLetter { epoch, json } => match serde_json::from_str(json) {
+                Ok(letter) => self.dead(*epoch, letter),
+                Err(e) => self.fail(format!("a dead letter did not read back: {e}")),
+            },
+            ReaderNote::Failed(why) => self.fail(why.clone()),
+        }
+    }
+
+    fn dead(&mut self, epoch: u64, letter: DeadLetter) {
+        self.counters.add(0, std::slice::from_ref(&letter));
+        self.dead_letters.entry(epoch).or_default().push(letter);
+    }
+
+    fn fail(&mut self, why: String) {
+        self.error.get_or_insert(why);
+    }
+}
+
+/// What every worker of every process needs to replay its share.
+struct Plan {
+    data: PathBuf,
+    source: ParquetSourceConfig,
+    learner: SequentialLearner,
+    options: GpOptions,
+    scaling: Standardizer,
+    epochs_in_flight: u64,
+}
+
+/// What worker 0 ends with: what it gathered, and the sinks it wrote to.
+type Written = (Gathered, Sinks);
+
 /// Streams `args.data` through the learner and writes predictions; `progress`
-/// is told `(epochs done, epochs)`.
-pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<ReplayOutcome> {
+/// is told `(epochs done, epochs)`. In a cluster every process reads and
+/// learns its share, and process 0, which holds worker 0, writes the
+/// predictions, the dead letters and the report: the others return `None`.
+pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<Option<ReplayOutcome>> {
+    let timely_config = args.cluster.timely_config(args.workers)?;
     let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
-    check_workers(args.workers)?;
     if args.batch_size == 0 {
         bail!("--batch-size 0: give at least one row per epoch");
     }
     if args.epochs_in_flight == 0 {
         bail!("--epochs-in-flight 0: allow at least one epoch in flight");
     }
-    let config = ParquetSourceConfig {
+    let source = ParquetSourceConfig {
         mapping: ColumnMapping::for_likelihood(&likelihood),
         epochs: EpochRule::Rows(args.batch_size),
         ..ParquetSourceConfig::default()
     };
-    let (first, d, n_epochs) = first_epoch(&args.data, &config)?;
+    let (first, d, n_epochs) = first_epoch(&args.data, &source)?;
     let scaling = Standardizer::fit_records(&first, d, &likelihood);
-    let mut learner = SequentialLearner::new(
-        settings.kernel(d),
-        settings.likelihood(likelihood.clone()),
-        settings.sequential.clone(),
-    )?;
-    if settings.z_first_rows && !first.is_empty() {
-        let m = settings.sequential.inducing.min(first.len());
-        let z = DMatrix::from_fn(m, d, |i, j| scaling.record(first[i].clone()).features[j]);
-        learner = learner.with_inducing(z)?;
-    }
-
-    let layout = PredictionLayout::for_likelihood(&likelihood);
-    let writer = PredictionWriter::create(&args.output, layout)
-        .with_context(|| format!("cannot write predictions to {}", args.output.display()))?;
-    let dead_path = args
-        .dead_letters
-        .clone()
-        .unwrap_or_else(|| dead_letter_path(&args.output));
-    let sinks = Arc::new(Mutex::new(Some(Sinks {
-        predictions: writer,
-        dead: None,
-        dead_path,
-        scores: Scores::default(),
-        progress: Box::new(progress),
-        n_epochs,
-    })));
-    let collected = Arc::new(Mutex::new(Collected::default()));
+    let learner = starting_learner(&settings, likelihood.clone(), &first, &scaling)?;
+    let sinks = match args.cluster.writes_outputs() {
+        true => Some(Sinks::create(args, &likelihood, n_epochs, Box::new(progress))?),
+        false => None,
+    };
+    let plan = Plan {
+        data: args.data.clone(),
+        source,
+        learner,
+        options: GpOptions {
+            scoring: args.scoring,
+            ..GpOptions::new(d)
+        },
+        scaling: scaling.clone(),
+        epochs_in_flight: args.epochs_in_flight,
+    };
 
     let started = Instant::now();
-    let (path, in_flight, scoring) = (args.data.clone(), args.epochs_in_flight, args.scoring);
-    let shared = (Arc::clone(&collected), Arc::clone(&sinks), scaling.clone());
-    let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
-        let (collected, sinks, scaling) = (&shared.0, &shared.1, &shared.2);
-        let share = WorkerShare::new(worker.index(), worker.peers());
-        let mut input = InputHandleVec::new();
-        let probe = ProbeHandle::new();
-        let (c1, c2, c3) = (Arc::clone(collected), Arc::clone(collected), Arc::clone(collected));
-        worker.dataflow::<u64, _, _>(|scope| {
-            let options = GpOptions {
-                scoring,
-                ..GpOptions::new(d)
-            };
-            let gp = scope
-                .input_from(&mut input)
-                .learn_gp_with(None, learner.clone(), options);
-            gp.predictions
-                .inspect(move |p| {
-                    c1.lock()
-                        .unwrap()
-                        .predictions
-                        .entry(p.epoch)
-                        .or_default()
-                        .push(p.clone())
-                })
-                .probe_with(&probe);
-            gp.rejected
-                .inspect(move |r| {
-                    let mut c = c2.lock().unwrap();
-                    c.labels.remove(&r.record.id);
-                    let dead = DeadLetter::refused(r);
-                    c.counters.add(0, std::slice::from_ref(&dead));
-                    c.dead_letters.entry(r.epoch).or_default().push(dead);
-                })
-                .probe_with(&probe);
-            gp.updates
-                .inspect(move |u| {
-                    let mut c = c3.lock().unwrap();
-                    if let Err(why) = &u.outcome {
-                        c.failed_updates.push((u.epoch, why.clone()));
-                    }
-                    c.hyperparameters.push((u.epoch, u.learner.hyperparameters()));
-                    c.last_model = Some(u.learner.clone());
-                })
-                .probe_with(&probe);
-        });
-
-        let writer = worker.index() == 0;
-        let flush = |probe: &ProbeHandle<u64>| {
-            if writer {
-                let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
-                write_done_epochs(collected, sinks, scaling, done);
-            }
-        };
-        match ParquetSource::open(&path, &config, share, None) {
-            Err(e) => {
-                collected.lock().unwrap().error.get_or_insert(e.to_string());
-            }
-            Ok(mut source) => loop {
-                match source.next_epoch() {
-                    Ok(Some(part)) => {
-                        let mut c = collected.lock().unwrap();
-                        c.counters.add(part.records.len(), &part.dead_letters);
-                        c.dead_letters.entry(part.epoch).or_default().extend(part.dead_letters);
-                        for record in part.records {
-                            if let Some(y) = record.label {
-                                c.labels.insert(record.id, y);
-                            }
-                            input.send(scaling.record(record));
-                        }
-                        drop(c);
-                        input.advance_to(part.epoch + 1);
-                        while probe.less_than(&(part.epoch + 1).saturating_sub(in_flight)) {
-                            worker.step_or_park(None);
-                            flush(&probe);
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        collected.lock().unwrap().error.get_or_insert(e.to_string());
-                        break;
-                    }
-                }
-            },
-        };
-        drop(input);
-        while worker.step_or_park(None) {
-            flush(&probe);
-        }
-        flush(&probe);
-    })
-    .map_err(|e| anyhow::anyhow!("cannot start {} workers: {e}", args.workers))?;
-    for result in workers.join() {
-        result.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
-    }
+    let Some((gathered, sinks)) = execute(timely_config, plan, sinks)? else {
+        return Ok(None);
+    };
     let seconds = started.elapsed().as_secs_f64();
-
-    let collected = std::mem::take(&mut *collected.lock().unwrap());
-    if let Some(error) = collected.error {
+    if let Some(error) = gathered.error {
         bail!("{error}");
     }
-    let sinks = sinks.lock().unwrap().take().context("the writer was lost")?;
     if let Some(error) = sinks.scores.error {
         bail!("{error}");
     }
@@ -282,28 +254,198 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         data: args.data.display().to_string(),
         likelihood: likelihood.name(),
         workers: args.workers,
+        processes: args.cluster.processes,
         epochs: n_epochs,
         records: scores.records,
         dead_letters: dead_rows,
-        dead_letter_reasons: collected.counters.dead_letters,
+        dead_letter_reasons: gathered.counters.dead_letters,
         seconds,
         records_per_second: scores.records as f64 / seconds.max(1e-9),
         prequential_nlpd: scores.nlpd(),
         prequential_rmse: scores.rmse(),
         prequential_accuracy: scores.accuracy(),
-        failed_updates: collected.failed_updates,
+        failed_updates: gathered.failed_updates,
         epoch_scores: scores.epochs,
     };
     if let Some(path) = &args.report {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write the report to {}", path.display()))?;
     }
-    Ok(ReplayOutcome {
+    Ok(Some(ReplayOutcome {
         report,
-        learner: collected.last_model,
+        learner: gathered.last_model,
         scaling,
-        hyperparameters: collected.hyperparameters,
+        hyperparameters: gathered.hyperparameters,
+    }))
+}
+
+/// What a process other than 0 says when its share is done.
+pub fn elsewhere(args: &ReplayArgs) -> String {
+    format!(
+        "process {} of {} replayed its share; process 0 writes the predictions to {}",
+        args.cluster.process,
+        args.cluster.processes,
+        args.output.display()
+    )
+}
+
+/// A fresh learner; with `z_first_rows`, its inducing inputs are the first
+/// epoch's first rows (standardised).
+fn starting_learner(
+    settings: &Settings,
+    likelihood: Likelihood,
+    first: &[Record],
+    scaling: &Standardizer,
+) -> Result<SequentialLearner> {
+    let d = scaling.x_mean.len();
+    let learner = SequentialLearner::new(
+        settings.kernel(d),
+        settings.likelihood(likelihood),
+        settings.sequential.clone(),
+    )?;
+    if !settings.z_first_rows || first.is_empty() {
+        return Ok(learner);
+    }
+    let m = settings.sequential.inducing.min(first.len());
+    let z = DMatrix::from_fn(m, d, |i, j| scaling.record(first[i].clone()).features[j]);
+    Ok(learner.with_inducing(z)?)
+}
+
+/// Runs `plan` on every worker of this process. Worker 0 (in process 0)
+/// takes `sinks` and hands them back with what it gathered; a worker that
+/// could not read its share fails the run here too.
+fn execute(config: timely::Config, plan: Plan, sinks: Option<Sinks>) -> Result<Option<Written>> {
+    let handoff = Mutex::new(sinks);
+    let guards = timely::execute(config, move |worker| {
+        let sinks = match worker.index() {
+            0 => handoff.lock().unwrap_or_else(PoisonError::into_inner).take(),
+            _ => None,
+        };
+        replay_worker(worker, &plan, sinks)
     })
+    .map_err(|e| anyhow::anyhow!("cannot start the workers: {e}"))?;
+    let mut written = None;
+    for result in guards.join() {
+        let ended = result.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
+        if let Some(w) = ended.map_err(|why| anyhow::anyhow!("{why}"))? {
+            written = Some(w);
+        }
+    }
+    Ok(written)
+}
+
+/// One worker: reads its share of the file into the dataflow; worker 0, given
+/// `sinks`, also writes each epoch once all of it has reached it.
+fn replay_worker(worker: &mut Worker, plan: &Plan, mut sinks: Option<Sinks>) -> Result<Option<Written>, String> {
+    let gathered = Rc::new(RefCell::new(Gathered::default()));
+    let mut inputs = Inputs::default();
+    let probe = ProbeHandle::new();
+    worker.dataflow::<u64, _, _>(|scope| {
+        let gp = scope
+            .input_from(&mut inputs.records)
+            .learn_gp_with(None, plan.learner.clone(), plan.options);
+        let notes = scope.input_from(&mut inputs.notes);
+        gather_at_worker_zero(gp, notes, &gathered, &probe);
+    });
+    let mut flush = |probe: &ProbeHandle<u64>| {
+        if let Some(sinks) = sinks.as_mut() {
+            let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
+            write_done_epochs(&mut gathered.borrow_mut(), sinks, &plan.scaling, done);
+        }
+    };
+    let failure = read_share(worker, plan, &mut inputs, &probe, &mut flush).err();
+    if let Some(why) = &failure {
+        inputs.notes.send(ReaderNote::Failed(why.clone()));
+    }
+    drop(inputs);
+    while worker.step_or_park(None) {
+        flush(&probe);
+    }
+    flush(&probe);
+    match failure {
+        Some(why) => Err(why),
+        None => Ok(sinks.map(|s| (gathered.take(), s))),
+    }
+}
+
+/// Sends worker 0 what it writes and scores, and gathers it there. `probe`
+/// passes an epoch once all of it has reached worker 0, from every process.
+fn gather_at_worker_zero<'scope>(
+    gp: GpStreams<'scope>,
+    notes: StreamVec<'scope, u64, ReaderNote>,
+    gathered: &Rc<RefCell<Gathered>>,
+    probe: &ProbeHandle<u64>,
+) {
+    let g = Rc::clone(gathered);
+    gp.predictions
+        .exchange(|_| 0)
+        .inspect(move |p| g.borrow_mut().predicted(p))
+        .probe_with(probe);
+    let g = Rc::clone(gathered);
+    gp.rejected
+        .exchange(|_| 0)
+        .inspect(move |r| g.borrow_mut().refused(r))
+        .probe_with(probe);
+    let g = Rc::clone(gathered);
+    notes
+        .exchange(|_| 0)
+        .inspect(move |n| g.borrow_mut().noted(n))
+        .probe_with(probe);
+    // Updates come from worker 0 already: it runs the reduction.
+    let g = Rc::clone(gathered);
+    gp.updates.inspect(move |u| g.borrow_mut().updated(u)).probe_with(probe);
+}
+
+/// A worker's inputs: its records, and what worker 0 needs beside them.
+#[derive(Default)]
+struct Inputs {
+    records: InputHandleVec<u64, Record>,
+    notes: InputHandleVec<u64, ReaderNote>,
+}
+
+impl Inputs {
+    /// Sends one epoch's part (records standardised) and closes the epoch.
+    fn send(&mut self, part: EpochPart<ParquetPosition>, scaling: &Standardizer) {
+        for letter in &part.dead_letters {
+            self.notes.send(match serde_json::to_string(letter) {
+                Ok(json) => ReaderNote::DeadLetter {
+                    epoch: part.epoch,
+                    json,
+                },
+                Err(e) => ReaderNote::Failed(format!("cannot pass on a dead letter: {e}")),
+            });
+        }
+        for record in part.records {
+            if let Some(y) = record.label {
+                self.notes.send(ReaderNote::Label { id: record.id, y });
+            }
+            self.records.send(scaling.record(record));
+        }
+        self.records.advance_to(part.epoch + 1);
+        self.notes.advance_to(part.epoch + 1);
+    }
+}
+
+/// Feeds this worker's share of the file (its row groups) into the
+/// dataflow, at most `epochs_in_flight` epochs ahead of the learner.
+fn read_share(
+    worker: &mut Worker,
+    plan: &Plan,
+    inputs: &mut Inputs,
+    probe: &ProbeHandle<u64>,
+    flush: &mut impl FnMut(&ProbeHandle<u64>),
+) -> Result<(), String> {
+    let share = WorkerShare::new(worker.index(), worker.peers());
+    let mut source = ParquetSource::open(&plan.data, &plan.source, share, None).map_err(|e| e.to_string())?;
+    while let Some(part) = source.next_epoch().map_err(|e| e.to_string())? {
+        let next = part.epoch + 1;
+        inputs.send(part, &plan.scaling);
+        while probe.less_than(&next.saturating_sub(plan.epochs_in_flight)) {
+            worker.step_or_park(None);
+            flush(probe);
+        }
+    }
+    Ok(())
 }
 
 /// The first epoch's valid records, the feature count and the number of
@@ -337,6 +479,31 @@ struct Sinks {
 }
 
 impl Sinks {
+    /// Opens the predictions file (it appears under its name once finished);
+    /// the dead-letter file is created with the first dead letter.
+    fn create(
+        args: &ReplayArgs,
+        likelihood: &Likelihood,
+        n_epochs: u64,
+        progress: Box<dyn FnMut(u64, u64) + Send>,
+    ) -> Result<Sinks> {
+        let layout = PredictionLayout::for_likelihood(likelihood);
+        let predictions = PredictionWriter::create(&args.output, layout)
+            .with_context(|| format!("cannot write predictions to {}", args.output.display()))?;
+        let dead_path = args
+            .dead_letters
+            .clone()
+            .unwrap_or_else(|| dead_letter_path(&args.output));
+        Ok(Sinks {
+            predictions,
+            dead: None,
+            dead_path,
+            scores: Scores::default(),
+            progress,
+            n_epochs,
+        })
+    }
+
     fn finish(self) -> Result<(Scores, u64)> {
         self.predictions.finish()?;
         let dead = match self.dead {
@@ -345,22 +512,39 @@ impl Sinks {
         };
         Ok((self.scores, dead))
     }
+
+    fn write_dead_letters(&mut self, dead: &[DeadLetter]) {
+        if dead.is_empty() {
+            return;
+        }
+        let result = match &mut self.dead {
+            Some(w) => w.write(dead),
+            None => DeadLetterWriter::create(&self.dead_path).and_then(|mut w| {
+                let r = w.write(dead);
+                self.dead = Some(w);
+                r
+            }),
+        };
+        if let Err(e) = result {
+            self.scores
+                .error
+                .get_or_insert(format!("cannot write dead letters: {e}"));
+        }
+    }
 }
 
 /// Writes every epoch before `done`: predictions sorted by id, on the data's
-/// scale, and dead letters; scores the labelled ones.
-fn write_done_epochs(collected: &Mutex<Collected>, sinks: &Mutex<Option<Sinks>>, scaling: &Standardizer, done: u64) {
-    let mut c = collected.lock().unwrap();
-    let mut guard = sinks.lock().unwrap();
-    let Some(s) = guard.as_mut() else { return };
-    let epochs: Vec<u64> = c.predictions.range(..done).map(|(e, _)| *e).collect();
+/// scale, and dead letters in row order; scores the labelled ones. The
+/// sorting makes the files the same whichever worker sent what first.
+fn write_done_epochs(g: &mut Gathered, s: &mut Sinks, scaling: &Standardizer, done: u64) {
+    let epochs: Vec<u64> = g.predictions.range(..done).map(|(e, _)| *e).collect();
     for epoch in epochs {
-        let mut predictions = c.predictions.remove(&epoch).unwrap_or_default();
+        let mut predictions = g.predictions.remove(&epoch).unwrap_or_default();
         predictions.sort_by_key(|p| p.id);
         let predictions: Vec<Prediction> = predictions.into_iter().map(|p| scaling.prediction(p)).collect();
         let mut epoch_scores = Scores::default();
         for p in &predictions {
-            if let Some(y) = c.labels.remove(&p.id) {
+            if let Some(y) = g.labels.remove(&p.id) {
                 epoch_scores.add(p, y);
             }
         }
@@ -371,25 +555,19 @@ fn write_done_epochs(collected: &Mutex<Collected>, sinks: &Mutex<Option<Sinks>>,
         s.scores.records += predictions.len() as u64;
         (s.progress)(epoch + 1, s.n_epochs);
     }
-    let dead: Vec<DeadLetter> = {
-        let epochs: Vec<u64> = c.dead_letters.range(..done).map(|(e, _)| *e).collect();
-        epochs
-            .into_iter()
-            .flat_map(|e| c.dead_letters.remove(&e).unwrap_or_default())
-            .collect()
-    };
-    if !dead.is_empty() {
-        let result = match &mut s.dead {
-            Some(w) => w.write(&dead),
-            None => DeadLetterWriter::create(&s.dead_path).and_then(|mut w| {
-                let r = w.write(&dead);
-                s.dead = Some(w);
-                r
-            }),
-        };
-        if let Err(e) = result {
-            s.scores.error.get_or_insert(format!("cannot write dead letters: {e}"));
-        }
+    let epochs: Vec<u64> = g.dead_letters.range(..done).map(|(e, _)| *e).collect();
+    for epoch in epochs {
+        let mut dead = g.dead_letters.remove(&epoch).unwrap_or_default();
+        dead.sort_by(|a, b| file_row(a).cmp(&file_row(b)).then_with(|| a.payload.cmp(&b.payload)));
+        s.write_dead_letters(&dead);
+    }
+}
+
+/// A dead letter's row in the file; `None` for those the learner refused.
+fn file_row(letter: &DeadLetter) -> Option<u64> {
+    match letter.origin {
+        Origin::File { row, .. } => Some(row),
+        _ => None,
     }
 }
 

@@ -33,6 +33,7 @@ use serde::Serialize;
 use timely::dataflow::operators::{Input, Inspect, Probe};
 use timely::dataflow::{InputHandleVec, ProbeHandle};
 
+use crate::cluster::ClusterArgs;
 use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{check_workers, ModelArgs};
 use crate::protocol::Standardizer;
@@ -57,6 +58,9 @@ pub struct ServeArgs {
     pub batch_timeout_ms: u64,
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Accepted for the contract; `serve` refuses more than one process for now.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Stop cleanly after this many seconds without input.
     #[arg(long)]
     pub idle_exit: Option<f64>,
@@ -132,6 +136,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
     check_workers(args.workers)?;
+    args.cluster.require_one_process("serve")?;
     if args.batch_size == 0 || args.batch_timeout_ms == 0 {
         bail!("--batch-size and --batch-timeout-ms must be above 0");
     }

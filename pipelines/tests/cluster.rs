@@ -1,0 +1,337 @@
+//! The built `dualgp` as a timely cluster of two processes on 127.0.0.1:
+//! `replay` and `run` on 2 processes × 1 worker write, bit for bit, the
+//! predictions and dead letters of 1 process × 2 workers (and of 1 × 1:
+//! prequential scoring does not depend on the workers); only process 0
+//! writes; wrong cluster flags are one line each.
+
+mod common;
+#[path = "../../connectors/tests/common/mod.rs"]
+mod parquet_files;
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, Float64Array};
+use arrow::datatypes::{Field, Schema};
+use arrow::record_batch::RecordBatch;
+use common::{assert_fails_with, dualgp};
+use parquet_files::{data, f64s, read_parquet, write_batch};
+
+/// The longest a cluster run may take before its processes are killed.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// Flags every run of a comparison shares.
+const FLAGS: [&str; 6] = ["--likelihood", "gaussian", "--batch-size", "300", "--inducing", "20"];
+
+/// Elevators' first 1200 rows in row groups of 250, so that each of two
+/// workers reads row groups of its own, with three unusable rows: one in
+/// worker 1's share (row 300), two in worker 0's.
+fn stream_with_bad_rows(dir: &Path) -> PathBuf {
+    let all = read_parquet(&data("elevators.parquet")).slice(0, 1200);
+    let mut x0 = f64s(&all, "x0");
+    let mut y = f64s(&all, "y");
+    x0[5] = f64::NAN;
+    x0[300] = f64::NEG_INFINITY;
+    y[1100] = f64::INFINITY;
+    let schema = all.schema();
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .zip(all.columns())
+        .map(|(field, column)| match field.name().as_str() {
+            "x0" => Arc::new(Float64Array::from(x0.clone())) as ArrayRef,
+            "y" => Arc::new(Float64Array::from(y.clone())) as ArrayRef,
+            _ => Arc::clone(column),
+        })
+        .collect();
+    let fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    let path = dir.join("elevators-bad.parquet");
+    write_batch(&path, &batch, 250);
+    path
+}
+
+/// What one run wrote: the predictions' and dead letters' bytes, and the report.
+struct Written {
+    predictions: Vec<u8>,
+    dead_letters: Vec<u8>,
+    report: serde_json::Value,
+}
+
+/// Where a run with `tag` writes.
+fn outputs(dir: &Path, tag: &str) -> [PathBuf; 2] {
+    [dir.join(format!("{tag}.parquet")), dir.join(format!("{tag}.json"))]
+}
+
+fn written(dir: &Path, tag: &str) -> Written {
+    let [predictions, report] = outputs(dir, tag);
+    let read = |path: &Path| std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Written {
+        predictions: read(&predictions),
+        dead_letters: read(&dir.join(format!("{tag}.dead-letters.parquet"))),
+        report: serde_json::from_slice(&read(&report)).unwrap(),
+    }
+}
+
+fn replay_args(data: &Path, dir: &Path, tag: &str) -> Vec<String> {
+    let [predictions, report] = outputs(dir, tag);
+    let mut args: Vec<String> = ["replay", "--data", path(data), "--output", path(&predictions)]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--report".into(), path(&report).into()]);
+    args.extend(FLAGS.iter().map(|s| s.to_string()));
+    args
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// One process, `workers` threads.
+fn replay_in_one_process(data: &Path, dir: &Path, workers: usize) -> Written {
+    let tag = format!("1x{workers}");
+    let mut args = replay_args(data, dir, &tag);
+    args.extend(["--workers".into(), workers.to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = dualgp(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    written(dir, &tag)
+}
+
+/// A hostfile of two free ports on 127.0.0.1.
+fn hostfile(dir: &Path) -> PathBuf {
+    let ports: Vec<u16> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
+        .collect();
+    let path = dir.join("hosts");
+    std::fs::write(
+        &path,
+        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
+    )
+    .unwrap();
+    path
+}
+
+/// The processes of one cluster run, killed if the test fails or they hang.
+struct Cluster {
+    children: Vec<Child>,
+    logs: Vec<PathBuf>,
+}
+
+impl Cluster {
+    /// Starts process `i` of two with `args_of(i)` plus the cluster flags;
+    /// each process logs stdout and stderr to `dir/process-I.log`.
+    fn start(dir: &Path, args_of: impl Fn(usize) -> Vec<String>) -> Cluster {
+        let hosts = hostfile(dir);
+        let mut cluster = Cluster {
+            children: Vec::new(),
+            logs: Vec::new(),
+        };
+        for process in 0..2 {
+            let log = dir.join(format!("process-{process}.log"));
+            let stdout = File::create(&log).unwrap();
+            let stderr = stdout.try_clone().unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_dualgp"))
+                .args(args_of(process))
+                .args(["--processes", "2", "--process", &process.to_string()])
+                .args(["--hostfile", path(&hosts)])
+                .stdout(Stdio::from(stdout))
+                .stderr(Stdio::from(stderr))
+                .spawn()
+                .unwrap();
+            cluster.children.push(child);
+            cluster.logs.push(log);
+        }
+        cluster
+    }
+
+    /// Waits for every process to exit successfully, within [`DEADLINE`].
+    fn wait(mut self) -> Vec<String> {
+        let started = Instant::now();
+        for process in 0..self.children.len() {
+            loop {
+                if let Some(status) = self.children[process].try_wait().unwrap() {
+                    assert!(
+                        status.success(),
+                        "process {process} failed ({status}):\n{}",
+                        self.log(process)
+                    );
+                    break;
+                }
+                assert!(
+                    started.elapsed() < DEADLINE,
+                    "process {process} did not finish in {DEADLINE:?}:\n{}",
+                    self.log(process)
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        (0..self.children.len()).map(|p| self.log(p)).collect()
+    }
+
+    fn log(&self, process: usize) -> String {
+        std::fs::read_to_string(&self.logs[process]).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn assert_same(a: &Written, b: &Written, what: &str) {
+    assert!(a.predictions == b.predictions, "{what}: the predictions differ");
+    assert!(a.dead_letters == b.dead_letters, "{what}: the dead letters differ");
+    for key in [
+        "records",
+        "dead_letters",
+        "dead_letter_reasons",
+        "prequential_nlpd",
+        "prequential_rmse",
+        "epoch_scores",
+    ] {
+        assert_eq!(a.report[key], b.report[key], "{what}: the reports' {key} differ");
+    }
+}
+
+#[test]
+fn replay_on_two_processes_writes_what_one_process_of_two_workers_writes_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = stream_with_bad_rows(dir.path());
+    let one_by_one = replay_in_one_process(&data, dir.path(), 1);
+    let one_by_two = replay_in_one_process(&data, dir.path(), 2);
+
+    // Process 1 is given an output of its own, to show that it writes none.
+    let logs = Cluster::start(dir.path(), |process| {
+        let tag = if process == 0 { "2x1" } else { "2x1-process-1" };
+        replay_args(&data, dir.path(), tag)
+    })
+    .wait();
+    let two_by_one = written(dir.path(), "2x1");
+    for file in outputs(dir.path(), "2x1-process-1") {
+        assert!(!file.exists(), "process 1 wrote {}", file.display());
+    }
+    assert!(logs[1].contains("process 0 writes the predictions"), "{}", logs[1]);
+
+    assert_eq!(one_by_two.report["records"], 1197);
+    assert_eq!(
+        one_by_two.report["dead_letter_reasons"],
+        serde_json::json!({"non_finite": 2, "invalid_label": 1})
+    );
+    assert_eq!(two_by_one.report["processes"], 2);
+    assert_same(&two_by_one, &one_by_two, "2 processes × 1 worker against 1 × 2");
+    assert_same(&one_by_one, &one_by_two, "1 × 1 against 1 × 2");
+}
+
+#[test]
+fn run_with_a_pipeline_file_on_two_processes_writes_what_replay_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = stream_with_bad_rows(dir.path());
+    let alone = replay_in_one_process(&data, dir.path(), 2);
+    let config = dir.path().join("pipeline.toml");
+    let [predictions, report] = outputs(dir.path(), "run");
+    let toml = format!(
+        "likelihood = \"gaussian\"\n[source.parquet]\npath = {:?}\nbatch_size = 300\n\
+         [model]\ninducing = 20\n[sinks]\npredictions = {:?}\nreport = {:?}\n",
+        path(&data),
+        path(&predictions),
+        path(&report)
+    );
+    std::fs::write(&config, toml).unwrap();
+    let logs = Cluster::start(dir.path(), |_| {
+        ["run", "--config", path(&config), "--workers", "1"]
+            .map(String::from)
+            .to_vec()
+    })
+    .wait();
+    assert!(logs[1].contains("process 1 of 2"), "{}", logs[1]);
+    assert_same(
+        &written(dir.path(), "run"),
+        &alone,
+        "run on 2 processes against replay on 1 × 2",
+    );
+}
+
+#[test]
+fn wrong_cluster_flags_are_one_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let banana = data("banana_train.parquet");
+    let out = dir.path().join("p.parquet");
+    let base = [
+        "replay",
+        "--data",
+        path(&banana),
+        "--output",
+        path(&out),
+        "--likelihood",
+        "bernoulli",
+    ];
+    fn joined<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [base, extra].concat()
+    }
+    let short = dir.path().join("short");
+    std::fs::write(&short, "127.0.0.1:4000\n").unwrap();
+    let garbled = dir.path().join("garbled");
+    std::fs::write(&garbled, "127.0.0.1:4000\n127.0.0.1\n").unwrap();
+    let absent = dir.path().join("absent");
+
+    assert_fails_with(
+        &joined(&base, &["--processes", "2", "--process", "2"]),
+        "--process 2 is not below --processes 2",
+    );
+    assert_fails_with(
+        &joined(&base, &["--process", "1"]),
+        "--process 1 is not below --processes 1",
+    );
+    assert_fails_with(&joined(&base, &["--processes", "0"]), "--processes 0");
+    assert_fails_with(
+        &joined(&base, &["--processes", "2", "--hostfile", path(&short)]),
+        "has 1 address(es)",
+    );
+    assert_fails_with(
+        &joined(&base, &["--processes", "2", "--hostfile", path(&absent)]),
+        "cannot read the hostfile",
+    );
+    assert_fails_with(
+        &joined(&base, &["--processes", "2", "--hostfile", path(&garbled)]),
+        "line 2: `127.0.0.1` is not host:port",
+    );
+    let config = dir.path().join("pipeline.toml");
+    let toml = format!(
+        "likelihood = \"bernoulli\"\n[source.parquet]\npath = {:?}\n[sinks]\npredictions = {:?}\n",
+        path(&banana),
+        path(&out)
+    );
+    std::fs::write(&config, toml).unwrap();
+    assert_fails_with(
+        &["run", "--config", path(&config), "--processes", "2", "--process", "5"],
+        "--process 5 is not below --processes 2",
+    );
+    // serve refuses a cluster before it looks for a broker.
+    let serve = [
+        "serve",
+        "--brokers",
+        "127.0.0.1:1",
+        "--input-topic",
+        "in",
+        "--output-topic",
+        "out",
+        "--likelihood",
+        "gaussian",
+        "--processes",
+        "2",
+    ];
+    assert_fails_with(&serve, "`serve` runs in one process");
+    assert!(!out.exists(), "a refused run left an output file");
+}
