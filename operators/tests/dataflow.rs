@@ -80,6 +80,9 @@ fn learner(classes: bool) -> SequentialLearner {
         },
         optimizer,
         memory,
+        // The regression stream's bounded memory counts as a control
+        // variate: its correction and leaving points cross the workers too.
+        memory_control_variate: !classes,
         seed: 7,
         ..small_config()
     };

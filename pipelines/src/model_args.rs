@@ -123,6 +123,10 @@ pub struct ModelArgs {
     /// Bound the memory: a reservoir over the whole stream, uniform (BLS-weighted with --memory-policy bls).
     #[arg(long)]
     pub memory_capacity: Option<usize>,
+    /// The memory as a control variate for all past data: its re-learned
+    /// terms count `n_old / |M|` times beside every past point's first sites (true|false).
+    #[arg(long)]
+    pub memory_control_variate: Option<bool>,
     /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
     #[arg(long)]
     pub e_steps: Option<usize>,
@@ -194,6 +198,7 @@ impl ModelArgs {
             memory_per_batch: over.memory_per_batch.or(self.memory_per_batch),
             memory_policy: over.memory_policy.or(self.memory_policy),
             memory_capacity: over.memory_capacity.or(self.memory_capacity),
+            memory_control_variate: over.memory_control_variate.or(self.memory_control_variate),
             e_steps: over.e_steps.or(self.e_steps),
             e_lr: over.e_lr.or(self.e_lr),
             m_optimizer: over.m_optimizer.or(self.m_optimizer),
@@ -259,6 +264,7 @@ impl ModelArgs {
                     // Uniform, not by BLS: level on the paper-uci folds, better on
                     // drifting and class-incremental streams (docs/RESULTS.md, session 12).
                     memory: MemoryPolicy::Random { k: 20 },
+                    memory_control_variate: false,
                     seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
@@ -327,6 +333,9 @@ impl ModelArgs {
         };
         if let Some(relearn) = self.m_relearn {
             q.relearn_in_m_step = relearn;
+        }
+        if let Some(control_variate) = self.memory_control_variate {
+            q.memory_control_variate = control_variate;
         }
         if let Some(past) = self.m_past {
             q.past_in_m_step = match past {

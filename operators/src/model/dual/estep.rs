@@ -10,6 +10,7 @@ use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
+use crate::model::dual::memory::ControlVariate;
 use crate::model::dual::objective::expected_log_message;
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
@@ -75,6 +76,31 @@ impl EStepConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// Points from row `from` on are memory points counted as a control variate
+/// (see [`ControlVariate`]) with their first sites `first` (rows from `from`).
+pub struct Anchored<'a> {
+    pub from: usize,
+    pub control: ControlVariate,
+    pub first: &'a PointSites,
+}
+
+impl Anchored<'_> {
+    /// A memory point's part of the E-step's bound,
+    /// `w E_q[log p(y|f)] + (1 − w) E_q[log F(f)]` (up to a constant), with
+    /// `F(f) = exp(s1 f − ½ s2 f²)` per latent.
+    fn expected(&self, i: usize, value: f64, mean: &[f64], var: &[f64]) -> f64 {
+        let w = self.control.weight;
+        let row = i - self.from;
+        let first: f64 = (0..mean.len())
+            .map(|c| {
+                let (s1, s2) = (self.first.s1[(row, c)], self.first.s2[(row, c)]);
+                s1 * mean[c] - 0.5 * s2 * (mean[c] * mean[c] + var[c])
+            })
+            .sum();
+        w * value + (1.0 - w) * first
     }
 }
 
@@ -184,7 +210,7 @@ pub fn e_step_at(
     if likelihood.is_conjugate() {
         // One undamped step is exact; no step can overshoot.
         for _ in 0..config.steps {
-            let (_, change) = site_update(post, likelihood, data, cross, sites, config.rho);
+            let (_, change) = site_update(post, likelihood, data, cross, sites, config.rho, None);
             for (totals, change) in post.whitened.iter_mut().zip(&change.totals(&cross.a)) {
                 totals.add(change, 1.0);
             }
@@ -196,7 +222,7 @@ pub fn e_step_at(
     let mut guard = Backtracking::new(config.rho);
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
-        let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.rho());
+        let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.rho(), None);
         let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
@@ -290,6 +316,7 @@ pub fn site_update(
     cross: &Cross,
     sites: &mut PointSites,
     rho: f64,
+    anchored: Option<&Anchored>,
 ) -> (f64, PointSites) {
     let n_latent = post.n_latent();
     let marginals = post.marginals(cross);
@@ -298,7 +325,10 @@ pub fn site_update(
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation(mean, var, data.y()[i], &mut e);
-        expected += e.value;
+        expected += match anchored {
+            Some(a) if i >= a.from => a.expected(i, e.value, mean, var),
+            _ => e.value,
+        };
         for (c, (&mean_c, &var_c)) in mean.iter().zip(var).enumerate() {
             let (s1_old, s2_old) = (sites.s1[(i, c)], sites.s2[(i, c)]);
             let previous = (s2_old > 0.0).then(|| s1_old / s2_old);

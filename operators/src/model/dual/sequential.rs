@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
-use crate::model::dual::memory::{top_k, Memory, MemoryPolicy};
+use crate::model::dual::memory::{top_k, ControlVariate, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
 use crate::model::dual::past::PastMessage;
 use crate::model::dual::point::PointId;
@@ -83,6 +83,11 @@ pub struct SequentialConfig {
     pub past_in_m_step: PastInMStep,
     pub optimizer: Optimizer,
     pub memory: MemoryPolicy,
+    /// The memory as a control variate for all past data (see
+    /// [`ControlVariate`]). Off: a memory point's re-learned sites replace
+    /// its own (the paper).
+    #[serde(default)]
+    pub memory_control_variate: bool,
     pub seed: u64,
 }
 
@@ -100,6 +105,7 @@ impl Default for SequentialConfig {
             past_in_m_step: PastInMStep::ScaledMemory,
             optimizer: Optimizer::Adam { lr: 0.01 },
             memory: MemoryPolicy::PerBatch { k: 10 },
+            memory_control_variate: false,
             seed: 0,
         }
     }
@@ -301,6 +307,8 @@ impl SequentialLearner {
             }
             lap(&mut seconds.e_step);
         }
+        self.correct_for_past(shards).await?;
+        lap(&mut seconds.e_step);
         self.remember(shards).await?;
         lap(&mut seconds.memory);
 
@@ -365,11 +373,29 @@ impl SequentialLearner {
             totals.add(mem, -1.0);
         }
         post.refresh_sites()?;
+        let control = (self.config.memory_control_variate && !self.memory.is_empty()).then(|| ControlVariate {
+            weight: self.n_seen as f64 / self.memory.len() as f64,
+        });
         let begin = Query::Begin {
             model: self.current(),
             memory: self.memory.points.clone(),
+            control,
         };
         shards.ask(begin).await;
+        self.e_steps(shards, self.config.e_step).await
+    }
+
+    /// Step 4b, with the memory as a control variate: once `θ` is learned,
+    /// the memory's terms count on behalf of all past data (see
+    /// [`ControlVariate`]) and the E-step runs on under that bound.
+    async fn correct_for_past(&mut self, shards: &mut impl Shards) -> Result<()> {
+        if !self.config.memory_control_variate || self.memory.is_empty() {
+            return Ok(());
+        }
+        let change = self
+            .totals(shards, Query::CorrectForPast { model: self.current() })
+            .await?;
+        self.add_to_totals(&change)?;
         self.e_steps(shards, self.config.e_step).await
     }
 
@@ -614,6 +640,23 @@ impl SequentialLearner {
             (None, _) => unreachable!("only the reservoir has no per-batch count"),
         };
         keep.sort_unstable();
+        if self.config.memory_control_variate {
+            // A point that leaves keeps its first sites, as every past point does.
+            let staying: HashSet<PointId> = stay.iter().copied().collect();
+            let leaving: Vec<PointId> = self
+                .memory
+                .points
+                .iter()
+                .map(|p| p.id)
+                .filter(|id| !staying.contains(id))
+                .collect();
+            let beyond = self.totals(shards, Query::Leave { leaving }).await?;
+            let post = self.posterior.as_mut().expect("initialised");
+            for (totals, beyond) in post.whitened.iter_mut().zip(&beyond) {
+                totals.add(beyond, -1.0);
+            }
+            post.refresh_sites()?;
+        }
         let points = match shards
             .ask(Query::Finish {
                 keep: keep.clone(),
@@ -626,7 +669,18 @@ impl SequentialLearner {
             other => return Err(unexpected("memory points", &other)),
         };
         let members: HashSet<PointId> = keep.into_iter().chain(stay).collect();
-        self.memory = Memory::of(points.into_iter().filter(|p| members.contains(&p.id)).collect());
+        let mut kept: Vec<MemoryPoint> = points.into_iter().filter(|p| members.contains(&p.id)).collect();
+        for p in &mut kept {
+            p.first = match (self.config.memory_control_variate, p.first.take()) {
+                (false, _) => None,
+                (true, Some(first)) => Some(first),
+                (true, None) => Some(FirstSites {
+                    s1: p.s1.clone(),
+                    s2: p.s2.clone(),
+                }),
+            };
+        }
+        self.memory = Memory::of(kept);
         Ok(())
     }
 }

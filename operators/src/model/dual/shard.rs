@@ -18,8 +18,8 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::estep::{site_update, PointSites};
-use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
+use crate::model::dual::estep::{site_update, Anchored, PointSites};
+use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, ControlVariate, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
 use crate::model::dual::point::{point_uniform, splitmix64, PointId};
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
@@ -59,7 +59,13 @@ pub enum Query {
     Arrivals,
     /// Start from zero sites on the batch and the memory points this shard
     /// owns, under `model`.
-    Begin { model: Snapshot, memory: Vec<MemoryPoint> },
+    Begin {
+        model: Snapshot,
+        memory: Vec<MemoryPoint>,
+        /// The memory as a control variate for all past data, once
+        /// [`CorrectForPast`](Query::CorrectForPast) asks; until then each point stands for itself.
+        control: Option<ControlVariate>,
+    },
     /// One damped E-step: the points' expected log-likelihood before it, and
     /// the change of their contribution to the totals.
     EStep { model: Snapshot, rho: f64 },
@@ -73,12 +79,18 @@ pub enum Query {
     Contribution { model: Snapshot },
     /// Kernel columns under `model` replace the old ones: the change of the contribution.
     Recolumn { model: Snapshot },
+    /// From now on the memory points count as `Begin`'s control variate: the
+    /// change of the contribution.
+    CorrectForPast { model: Snapshot },
     /// Reservoir keys of the batch's records, by BLS or uniform.
     Keys {
         model: Snapshot,
         seed: u64,
         by_leverage: bool,
     },
+    /// With a control variate, the memory points in `leaving` (sorted) are
+    /// about to leave keeping their first sites: what they hold in the totals beyond those.
+    Leave { leaving: Vec<PointId> },
     /// The update is over: the memory this shard owns, with `keep` (sorted)
     /// from the batch added. `model` is the learned model, for scoring what comes next.
     Finish { keep: Vec<PointId>, model: Snapshot },
@@ -259,9 +271,10 @@ impl Query {
             | Query::Gradient { model, .. }
             | Query::Contribution { model }
             | Query::Recolumn { model }
+            | Query::CorrectForPast { model }
             | Query::Keys { model, .. }
             | Query::Finish { model, .. } => Some(model),
-            Query::Arrivals | Query::Restore => None,
+            Query::Arrivals | Query::Restore | Query::Leave { .. } => None,
         }
     }
 }
@@ -277,6 +290,11 @@ struct Block {
     /// Its memory points; their columns and sites are brought up to date
     /// when the update finishes.
     memory: Vec<MemoryPoint>,
+    /// `Begin`'s control variate, and whether the memory counts as it yet.
+    control: Option<ControlVariate>,
+    corrected: bool,
+    /// The memory points' first sites, with a control variate.
+    first: PointSites,
     /// Batch records then memory points.
     points: Option<Data>,
     /// The kernel columns the sites were added to the totals with.
@@ -331,6 +349,9 @@ impl Block {
             batch_ids,
             batch: data.filter(|d| d.n() > 0).map(|d| d.select(&order)),
             memory: Vec::new(),
+            control: None,
+            corrected: false,
+            first: PointSites::zeros(0, 0),
             points: None,
             columns: None,
             sites: PointSites::zeros(0, 0),
@@ -346,23 +367,34 @@ impl Block {
     /// The shard made `query`'s model ready; `Begin`'s memory is already shared out.
     fn answer(&mut self, query: &Query) -> Answer {
         let totals = |sums: Vec<Sites>| Answer::Totals(BlockSums::one(self.block, sums));
+        let held = matches!(query, Query::Recolumn { .. }).then(|| self.contribution().into_owned());
         match query {
             Query::Arrivals => self.arrivals(),
-            Query::Begin { model, .. } => self.begin(model),
+            Query::Begin { model, control, .. } => self.begin(model, *control),
             Query::EStep { model, rho } => match (&self.points, &self.columns) {
                 (Some(points), Some(columns)) => {
                     debug_assert!(columns.are_under(&model.posterior), "E-steps follow Begin or Recolumn");
                     let [before_last, last] = &mut self.step_starts;
                     std::mem::swap(before_last, last);
                     last.clone_from(&self.sites);
-                    let (expected, change) = site_update(
+                    let before = self.contribution().into_owned();
+                    let anchored = self.active_control().map(|control| Anchored {
+                        from: self.batch_ids.len(),
+                        control,
+                        first: &self.first,
+                    });
+                    let (expected, _) = site_update(
                         &model.posterior,
                         &model.likelihood,
                         points,
                         &columns.cross,
                         &mut self.sites,
                         *rho,
+                        anchored.as_ref(),
                     );
+                    let mut change = self.contribution().into_owned();
+                    change.s1 -= &before.s1;
+                    change.s2 -= &before.s2;
                     let change = change.totals(&columns.cross.a);
                     Answer::Step(BlockSums::one(self.block, SiteStep { expected, change }))
                 }
@@ -395,17 +427,15 @@ impl Block {
                 None => Answer::Nothing,
             },
             Query::Contribution { model } => match &self.columns {
-                Some(columns) => totals(self.sites.totals(&columns.whitened(&model.posterior))),
+                Some(columns) => totals(self.contribution().totals(&columns.whitened(&model.posterior))),
                 None => Answer::Nothing,
             },
             Query::Recolumn { model } => match (&self.points, &mut self.columns) {
                 (Some(points), Some(columns)) => {
                     let new = Columns::under(&model.posterior, points.x());
-                    let mut change = self.sites.totals(&new.cross.a);
-                    for (c, old) in change
-                        .iter_mut()
-                        .zip(self.sites.totals(&columns.whitened(&model.posterior)))
-                    {
+                    let sites = held.expect("computed for Recolumn");
+                    let mut change = sites.totals(&new.cross.a);
+                    for (c, old) in change.iter_mut().zip(sites.totals(&columns.whitened(&model.posterior))) {
                         c.add(&old, -1.0);
                     }
                     *columns = new;
@@ -418,6 +448,8 @@ impl Block {
                 seed,
                 by_leverage,
             } => self.keys(model, *seed, *by_leverage),
+            Query::CorrectForPast { model } => self.correct_for_past(model),
+            Query::Leave { leaving } => self.leave(leaving),
             Query::Finish { keep, .. } => self.finish(keep),
         }
     }
@@ -435,7 +467,52 @@ impl Block {
         }
     }
 
-    fn begin(&mut self, model: &Snapshot) -> Answer {
+    /// The sites the block's points hold in the totals: their own, but a
+    /// control variate's memory points.
+    fn contribution(&self) -> Cow<'_, PointSites> {
+        match self.active_control() {
+            None => Cow::Borrowed(&self.sites),
+            Some(control) => Cow::Owned(contribution(&self.sites, self.n_batch(), control, &self.first)),
+        }
+    }
+
+    fn active_control(&self) -> Option<ControlVariate> {
+        self.control.filter(|_| self.corrected)
+    }
+
+    fn correct_for_past(&mut self, model: &Snapshot) -> Answer {
+        let Some(columns) = &self.columns else {
+            return Answer::Nothing;
+        };
+        debug_assert!(columns.are_under(&model.posterior), "the correction follows an E-step");
+        let mut change = self.sites.clone();
+        self.corrected = true;
+        let held = self.contribution();
+        change.s1 = &held.s1 - &change.s1;
+        change.s2 = &held.s2 - &change.s2;
+        Answer::Totals(BlockSums::one(self.block, change.totals(&columns.cross.a)))
+    }
+
+    fn leave(&self, leaving: &[PointId]) -> Answer {
+        let (Some(columns), Some(_)) = (&self.columns, self.active_control()) else {
+            return Answer::Nothing;
+        };
+        let rows: Vec<usize> = (0..self.memory.len())
+            .filter(|&k| leaving.binary_search(&self.memory[k].id).is_ok())
+            .collect();
+        if rows.is_empty() {
+            return Answer::Nothing;
+        }
+        let held = self.contribution();
+        let points: Vec<usize> = rows.iter().map(|k| self.n_batch() + k).collect();
+        let mut beyond = held.select(&points);
+        beyond.s1 -= self.first.s1.select_rows(&rows);
+        beyond.s2 -= self.first.s2.select_rows(&rows);
+        let a = columns.cross.a.select_columns(&points);
+        Answer::Totals(BlockSums::one(self.block, beyond.totals(&a)))
+    }
+
+    fn begin(&mut self, model: &Snapshot, control: Option<ControlVariate>) -> Answer {
         let d = model.posterior.d();
         let n = self.n_batch() + self.memory.len();
         self.points = (n > 0).then(|| {
@@ -453,7 +530,18 @@ impl Block {
             Data::new(x, y).expect("records and memory points were validated")
         });
         self.columns = self.points.as_ref().map(|p| Columns::under(&model.posterior, p.x()));
-        self.sites = PointSites::zeros(n, model.posterior.n_latent());
+        let n_latent = model.posterior.n_latent();
+        self.sites = PointSites::zeros(n, n_latent);
+        self.control = control;
+        self.corrected = false;
+        self.first = PointSites::zeros(self.memory.len(), n_latent);
+        for (k, p) in self.memory.iter().enumerate() {
+            let first = p.first.as_ref().map_or((&p.s1, &p.s2), |f| (&f.s1, &f.s2));
+            for c in 0..n_latent {
+                self.first.s1[(k, c)] = first.0[c];
+                self.first.s2[(k, c)] = first.1[c];
+            }
+        }
         Answer::Nothing
     }
 
@@ -483,11 +571,12 @@ impl Block {
             return Answer::Memory(std::mem::take(&mut self.memory));
         };
         let row = |m: &DMatrix<f64>, i: usize| m.row(i).iter().copied().collect::<Vec<f64>>();
+        let held = self.contribution().into_owned();
         for (k, p) in self.memory.iter_mut().enumerate() {
             let i = n_batch + k;
             p.column = cross.kzx.column(i).into_owned();
-            p.s1 = row(&self.sites.s1, i);
-            p.s2 = row(&self.sites.s2, i);
+            p.s1 = row(&held.s1, i);
+            p.s2 = row(&held.s2, i);
         }
         let mut memory = std::mem::take(&mut self.memory);
         if let Some(batch) = &self.batch {
@@ -501,6 +590,7 @@ impl Block {
                         s1: row(&self.sites.s1, i),
                         s2: row(&self.sites.s2, i),
                         key: self.keys.get(i).copied().unwrap_or(f64::MIN),
+                        first: None,
                     });
                 }
             }
@@ -508,4 +598,18 @@ impl Block {
         memory.sort_by_key(|p| p.id);
         Answer::Memory(memory)
     }
+}
+
+/// `sites` with the memory's rows (from `n_batch` on) as a control variate
+/// holds them in the totals (see [`ControlVariate::site`]).
+fn contribution(sites: &PointSites, n_batch: usize, control: ControlVariate, first: &PointSites) -> PointSites {
+    let mut held = sites.clone();
+    for k in 0..first.n() {
+        for c in 0..sites.s1.ncols() {
+            let i = n_batch + k;
+            let own = (sites.s1[(i, c)], sites.s2[(i, c)]);
+            (held.s1[(i, c)], held.s2[(i, c)]) = control.site((first.s1[(k, c)], first.s2[(k, c)]), own);
+        }
+    }
+    held
 }
