@@ -193,7 +193,7 @@ fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood, message: Opti
     let q: Vec<(DVector<f64>, DMatrix<f64>)> = (0..post.n_latent()).map(|c| post.q_u(c)).collect();
     let objective = |post: &DualPosterior, lik: &Likelihood| {
         let sites = message.map_or_else(|| vec![Sites::zeros(post.m()); post.n_latent()], |m| m.whitened(post));
-        let mut o = DataTerms::new(post, lik, &data, &post.cross(data.x()), None).finish(post, lik, Some(&sites));
+        let mut o = DataTerms::new(post, lik, &data, &post.cross(data.x()), None, true).finish(post, lik, Some(&sites));
         if let Some(m) = message {
             let (value, grad) = m.conditional_term(post);
             o.value += value;

@@ -218,7 +218,7 @@ impl OfflineModel {
 
     /// `F(θ)` on all of `data`, whose kernel quantities are `cross`.
     fn objective_at(&self, data: &Data, cross: &Cross) -> Objective {
-        DataTerms::new(&self.posterior, &self.likelihood, data, cross, None).finish(
+        DataTerms::new(&self.posterior, &self.likelihood, data, cross, None, true).finish(
             &self.posterior,
             &self.likelihood,
             None,

@@ -64,7 +64,7 @@ pub fn m_step_objective(
             });
         }
     }
-    let terms = DataTerms::new(post, likelihood, data, &post.cross(data.x()), weights);
+    let terms = DataTerms::new(post, likelihood, data, &post.cross(data.x()), weights, true);
     Ok(terms.finish(post, likelihood, None))
 }
 
@@ -87,6 +87,10 @@ pub(super) fn expected_log_message(post: &DualPosterior, whitened: &[Sites]) -> 
         .sum()
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// The part of `F(θ)` and its gradient that sums over points: what one worker
 /// computes over its records. Partial terms add up; [`DataTerms::finish`]
 /// adds the KL term and the chain rule through `K(Z, Z)` once.
@@ -97,8 +101,11 @@ pub struct DataTerms {
     /// Through `K(Z, X)` and `k(x_i, x_i)`, in the kernel's log-parameters.
     pub kernel_grad: DVector<f64>,
     pub likelihood_grad: DVector<f64>,
-    /// Through `K(Z, X)`, `m × d`.
+    /// Through `K(Z, X)`, `m × d`; zero when the inducing inputs are not learned.
     pub grad_z: DMatrix<f64>,
+    /// Whether `grad_z` is computed (an `m·n·d` product per evaluation).
+    #[serde(default = "yes")]
+    pub with_z: bool,
     /// Per latent `Σ_i k_i ∂/∂μ_i`, `m`.
     pub kzx_d_mean: Vec<DVector<f64>>,
     /// Per latent `Σ_i ∂/∂v_i k_i k_iᵀ`, `m × m`.
@@ -114,25 +121,29 @@ impl DataTerms {
             kernel_grad: DVector::zeros(post.kernel.n_params()),
             likelihood_grad: DVector::zeros(likelihood.n_params()),
             grad_z: DMatrix::zeros(m, d),
+            with_z: true,
             kzx_d_mean: vec![DVector::zeros(m); n_latent],
             gram_d_var: vec![DMatrix::zeros(m, m); n_latent],
         }
     }
 
     /// The terms of the points of `data` (already checked), whose kernel
-    /// quantities under the posterior's current `θ` and `Z` are `cross`.
+    /// quantities under the posterior's current `θ` and `Z` are `cross`;
+    /// `∂F/∂Z` only `with_z` (learners that place `Z` otherwise skip it).
     pub fn new(
         post: &DualPosterior,
         likelihood: &Likelihood,
         data: &Data,
         cross: &Cross,
         weights: Option<&[f64]>,
+        with_z: bool,
     ) -> Self {
         let weight = |i: usize| weights.map_or(1.0, |w| w[i]);
         let (n, n_latent) = (data.n(), post.n_latent());
         let factors = post.factors();
         let marginals = post.marginals(cross);
         let mut terms = DataTerms::zeros(post, likelihood);
+        terms.with_z = with_z;
 
         // Data term and its derivatives in each point's (μ, v).
         let mut d_mean = DMatrix::zeros(n, n_latent);
@@ -173,7 +184,9 @@ impl DataTerms {
         }
         let kernel = &post.kernel;
         terms.kernel_grad = kernel.matrix_grad(&post.z, data.x(), &g_kzx) + kernel.diag_grad(data.x(), &g_diag);
-        terms.grad_z = kernel.input_grad(&post.z, data.x(), &g_kzx);
+        if terms.with_z {
+            terms.grad_z = kernel.input_grad(&post.z, data.x(), &g_kzx);
+        }
         terms
     }
 
@@ -183,6 +196,7 @@ impl DataTerms {
         self.kernel_grad += &other.kernel_grad;
         self.likelihood_grad += &other.likelihood_grad;
         self.grad_z += &other.grad_z;
+        self.with_z &= other.with_z;
         for (a, b) in self.kzx_d_mean.iter_mut().zip(&other.kzx_d_mean) {
             *a += b;
         }
@@ -233,9 +247,13 @@ impl DataTerms {
         }
         let kernel = &post.kernel;
         let kernel_grad = self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k);
-        let grad_z = self.grad_z
-            + kernel.input_grad(&post.z, &post.z, &g_k)
-            + kernel.input_grad(&post.z, &post.z, &g_k.transpose());
+        let grad_z = if self.with_z {
+            self.grad_z
+                + kernel.input_grad(&post.z, &post.z, &g_k)
+                + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
+        } else {
+            self.grad_z
+        };
         let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
         grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);
         grad.rows_mut(kernel.n_params(), likelihood.n_params())

@@ -421,7 +421,14 @@ impl Block {
                             &fresh
                         }
                     };
-                    let terms = DataTerms::new(&model.posterior, &model.likelihood, points, cross, Some(&weights));
+                    let terms = DataTerms::new(
+                        &model.posterior,
+                        &model.likelihood,
+                        points,
+                        cross,
+                        Some(&weights),
+                        false,
+                    );
                     Answer::Terms(BlockSums::one(self.block, terms))
                 }
                 None => Answer::Nothing,
