@@ -22,11 +22,32 @@ pub const BETA_MIN: f64 = 1e-8;
 
 /// How far a site's new pseudo-observation `μ + α̂/β̂` may lie beyond its
 /// previous one (or beyond `μ`, for a new site), in marginal standard
-/// deviations (see [`site_precision`]).
+/// deviations, at the first step of an E-step (see [`site_precision`]).
 pub const SITE_STEP_LIMIT: f64 = 4.0;
 
+/// The trust radius grows at most to this many marginal standard deviations.
+const SITE_STEP_LIMIT_MAX: f64 = 4096.0;
+
+/// The size of one E-step: its damping `ρ` and its trust radius, in marginal
+/// standard deviations (see [`site_precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepSize {
+    pub rho: f64,
+    pub radius: f64,
+}
+
+impl StepSize {
+    /// The first step of an E-step with damping `rho`.
+    pub fn first(rho: f64) -> Self {
+        StepSize {
+            rho,
+            radius: SITE_STEP_LIMIT,
+        }
+    }
+}
+
 /// The precision a site moves to: `β̂`, raised where needed so that its
-/// pseudo-observation `μ + α̂/β̂` lies at most [`SITE_STEP_LIMIT`] marginal
+/// pseudo-observation `μ + α̂/β̂` lies at most `radius` marginal
 /// standard deviations beyond the site's previous one (`previous`, or `μ` for
 /// a site that contributes nothing yet): a trust region. Where the likelihood
 /// still slopes but barely curves (a class the model has learned to push
@@ -36,6 +57,13 @@ pub const SITE_STEP_LIMIT: f64 = 4.0;
 /// overshot and diverged. At a fixed point every site proposes its previous
 /// pseudo-observation, so the bound is slack there and the fixed point is the
 /// one of the true `β̂`. A conjugate likelihood's one step is exact and keeps its `β̂`.
+///
+/// The radius is in marginal standard deviations, and those shrink as the
+/// batch's sites add up: a class that must rise far (a new task's, from
+/// below every learned class) climbed a few posterior standard deviations a
+/// step, thousands of steps from its optimum. [`Backtracking`] therefore
+/// doubles the radius after every step it keeps and halves it (down to
+/// [`SITE_STEP_LIMIT`]) after every step it undoes.
 pub fn site_precision(
     likelihood: &Likelihood,
     beta: f64,
@@ -43,13 +71,14 @@ pub fn site_precision(
     mean: f64,
     var: f64,
     previous: Option<f64>,
+    radius: f64,
 ) -> f64 {
     if likelihood.is_conjugate() {
         return beta;
     }
     // Room towards α̂'s side: the trust radius, plus however far out the previous pseudo-observation lies.
     let ahead = previous.map_or(0.0, |r| ((r - mean) * alpha.signum()).max(0.0));
-    let room = SITE_STEP_LIMIT * var.max(f64::EPSILON).sqrt() + ahead;
+    let room = radius * var.max(f64::EPSILON).sqrt() + ahead;
     beta.max(alpha.abs() / room).max(BETA_MIN)
 }
 
@@ -210,7 +239,7 @@ pub fn e_step_at(
     if likelihood.is_conjugate() {
         // One undamped step is exact; no step can overshoot.
         for _ in 0..config.steps {
-            let (_, change) = site_update(post, likelihood, data, cross, sites, config.rho, None);
+            let (_, change) = site_update(post, likelihood, data, cross, sites, StepSize::first(config.rho), None);
             for (totals, change) in post.whitened.iter_mut().zip(&change.totals(&cross.a)) {
                 totals.add(change, 1.0);
             }
@@ -222,7 +251,7 @@ pub fn e_step_at(
     let mut guard = Backtracking::new(config.rho);
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
-        let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.rho(), None);
+        let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.step(), None);
         let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
@@ -268,22 +297,31 @@ pub fn bound(post: &DualPosterior, expected: f64, others: &[Sites]) -> f64 {
 
 /// Keeps E-steps from lowering their bound: every step starts from a state
 /// whose bound is known once the step's expectations are in; a state below
-/// the one before it sends the sites back there, and the damping halves.
+/// the one before it sends the sites back there, and the damping and the
+/// trust radius halve. A step kept doubles the radius and raises the damping
+/// by half, up to where it started: a site far from its optimum gets there in
+/// a number of steps logarithmic in the distance, and one halving early in a
+/// run no longer slows all the steps after it.
 #[derive(Debug, Clone)]
 pub struct Backtracking<S> {
-    rho: f64,
+    step: StepSize,
+    rho_max: f64,
     /// The bound of the last state kept, and that state.
     kept: Option<(f64, S)>,
 }
 
 impl<S> Backtracking<S> {
     pub fn new(rho: f64) -> Self {
-        Backtracking { rho, kept: None }
+        Backtracking {
+            step: StepSize::first(rho),
+            rho_max: rho,
+            kept: None,
+        }
     }
 
-    /// The damping of the next step.
-    pub fn rho(&self) -> f64 {
-        self.rho
+    /// The size of the next step.
+    pub fn step(&self) -> StepSize {
+        self.step
     }
 
     /// `bound` is that of `start`, the state the step just taken left. `None`:
@@ -291,10 +329,14 @@ impl<S> Backtracking<S> {
     pub fn check(&mut self, bound: f64, start: S) -> Option<S> {
         if let Some((kept, _)) = &self.kept {
             if bound < kept - BOUND_TOLERANCE * kept.abs().max(1.0) {
-                self.rho *= 0.5;
+                self.step.rho *= 0.5;
+                self.step.radius = (0.5 * self.step.radius).max(SITE_STEP_LIMIT);
                 // Back there, its step is taken again, shorter, and its bound told again.
                 return self.kept.take().map(|(_, state)| state);
             }
+            // The step that left `start` raised the bound: the next may be longer.
+            self.step.radius = (2.0 * self.step.radius).min(SITE_STEP_LIMIT_MAX);
+            self.step.rho = (1.5 * self.step.rho).min(self.rho_max);
         }
         self.kept = Some((bound, start));
         None
@@ -315,9 +357,10 @@ pub fn site_update(
     data: &Data,
     cross: &Cross,
     sites: &mut PointSites,
-    rho: f64,
+    step: StepSize,
     anchored: Option<&Anchored>,
 ) -> (f64, PointSites) {
+    let rho = step.rho;
     let n_latent = post.n_latent();
     let marginals = post.marginals(cross);
     let mut change = PointSites::zeros(data.n(), n_latent);
@@ -332,7 +375,7 @@ pub fn site_update(
         for (c, (&mean_c, &var_c)) in mean.iter().zip(var).enumerate() {
             let (s1_old, s2_old) = (sites.s1[(i, c)], sites.s2[(i, c)]);
             let previous = (s2_old > 0.0).then(|| s1_old / s2_old);
-            let beta = site_precision(likelihood, e.beta[c], e.d_mean[c], mean_c, var_c, previous);
+            let beta = site_precision(likelihood, e.beta[c], e.d_mean[c], mean_c, var_c, previous, step.radius);
             let lambda1 = e.d_mean[c] + beta * mean_c;
             let s1 = (1.0 - rho) * s1_old + rho * lambda1;
             let s2 = (1.0 - rho) * s2_old + rho * beta;

@@ -416,7 +416,7 @@ impl SequentialLearner {
             let start = self.require()?.whitened.clone();
             let query = Query::EStep {
                 model: self.current(),
-                rho: guard.rho(),
+                step: guard.step(),
             };
             let step = match shards.ask(query).await {
                 Answer::Step(s) => s.total(),
@@ -424,10 +424,14 @@ impl SequentialLearner {
                 other => return Err(unexpected("an E-step", &other)),
             };
             let post = self.posterior.as_mut().expect("initialised");
-            match checked
-                .then(|| guard.check(bound(post, step.expected, &others), start))
-                .flatten()
-            {
+            let b = bound(post, step.expected, &others);
+            tracing::debug!(
+                rho = guard.step().rho,
+                radius = guard.step().radius,
+                bound = b,
+                "e-step"
+            );
+            match checked.then(|| guard.check(b, start)).flatten() {
                 Some(back) => {
                     shards.ask(Query::Restore).await;
                     post.whitened = back;

@@ -18,7 +18,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::estep::{site_update, Anchored, PointSites};
+use crate::model::dual::estep::{site_update, Anchored, PointSites, StepSize};
 use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, ControlVariate, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
 use crate::model::dual::point::{point_uniform, splitmix64, PointId};
@@ -68,7 +68,7 @@ pub enum Query {
     },
     /// One damped E-step: the points' expected log-likelihood before it, and
     /// the change of their contribution to the totals.
-    EStep { model: Snapshot, rho: f64 },
+    EStep { model: Snapshot, step: StepSize },
     /// Undo the last E-step and the one before it: back to the sites the
     /// step before last started from (see [`Backtracking`](crate::model::dual::estep::Backtracking)).
     Restore,
@@ -371,7 +371,7 @@ impl Block {
         match query {
             Query::Arrivals => self.arrivals(),
             Query::Begin { model, control, .. } => self.begin(model, *control),
-            Query::EStep { model, rho } => match (&self.points, &self.columns) {
+            Query::EStep { model, step } => match (&self.points, &self.columns) {
                 (Some(points), Some(columns)) => {
                     debug_assert!(columns.are_under(&model.posterior), "E-steps follow Begin or Recolumn");
                     let [before_last, last] = &mut self.step_starts;
@@ -389,7 +389,7 @@ impl Block {
                         points,
                         &columns.cross,
                         &mut self.sites,
-                        *rho,
+                        *step,
                         anchored.as_ref(),
                     );
                     let mut change = self.contribution().into_owned();
