@@ -424,14 +424,20 @@ impl SequentialLearner {
                 other => return Err(unexpected("an E-step", &other)),
             };
             let post = self.posterior.as_mut().expect("initialised");
-            let b = bound(post, step.expected, &others);
-            tracing::debug!(
-                rho = guard.step().rho,
-                radius = guard.step().radius,
-                bound = b,
-                "e-step"
-            );
-            match checked.then(|| guard.check(b, start)).flatten() {
+            // Conjugate steps are exact: nothing to check, no bound to compute.
+            let back = if checked {
+                let value = bound(post, step.expected, &others);
+                tracing::debug!(
+                    rho = guard.step().rho,
+                    radius = guard.step().radius,
+                    bound = value,
+                    "e-step"
+                );
+                guard.check(value, start)
+            } else {
+                None
+            };
+            match back {
                 Some(back) => {
                     shards.ask(Query::Restore).await;
                     post.whitened = back;
