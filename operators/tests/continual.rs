@@ -229,21 +229,31 @@ fn accuracy_by_task(post: &DualPosterior, test: &Data) -> Vec<f64> {
         .collect()
 }
 
+/// What the memory's points stand for.
+#[derive(Clone, Copy)]
+enum Role {
+    /// Themselves (the paper).
+    Own,
+    ControlVariate,
+    Sample,
+}
+
 #[test]
-fn a_memory_of_a_tenth_as_a_control_variate_holds_old_tasks_as_all_past_data_does() {
+fn a_memory_of_a_tenth_that_stands_for_all_past_data_holds_old_tasks_as_all_past_data_does() {
     // A tenth of the stream in memory. As the paper's memory, whose points
     // stand for themselves, the first task is lost to the later ones: its
     // other points' sites were taken while the later classes had no data and
-    // nothing revives them. As a control variate for all past data, the same
-    // memory keeps the first task within reach of the memory holding every
-    // past point (the batch posterior).
+    // nothing revives them. As a control variate for all past data, or as a
+    // weighted sample of it, the same memory keeps the first task within
+    // reach of the memory holding every past point (the batch posterior).
     let e_step = EStepConfig { steps: 20, rho: 0.8 };
     for seed in [3, 4, 5] {
         let (train, test) = tasks(100, seed);
         let z0 = task(&train, 0).x().rows(0, 20).into_owned();
-        let run = |memory: MemoryPolicy, control_variate: bool| {
+        let run = |memory: MemoryPolicy, role: Role| {
             let mut learner = learner(kernel(), e_step, InducingPolicy::Pivoted, memory, z0.clone());
-            learner.config.memory_control_variate = control_variate;
+            learner.config.memory_control_variate = matches!(role, Role::ControlVariate);
+            learner.config.memory_sample = matches!(role, Role::Sample);
             for t in 0..TASKS {
                 learner.update(&task(&train, t)).unwrap();
             }
@@ -252,15 +262,79 @@ fn a_memory_of_a_tenth_as_a_control_variate_holds_old_tasks_as_all_past_data_doe
         let tenth = MemoryPolicy::RandomReservoir {
             capacity: train.n() / 10,
         };
-        let all = run(MemoryPolicy::PerBatch { k: train.n() }, false);
-        let paper = run(tenth, false);
-        let control_variate = run(tenth, true);
+        let all = run(MemoryPolicy::PerBatch { k: train.n() }, Role::Own);
+        let paper = run(tenth, Role::Own);
         let mean = |a: &[f64]| a.iter().sum::<f64>() / a.len() as f64;
-        let figures = format!("seed {seed}: all {all:.3?}, paper {paper:.3?}, control variate {control_variate:.3?}");
-        assert!(all[0] - paper[0] > 0.1, "{figures}");
-        assert!(all[0] - control_variate[0] < 0.06, "{figures}");
-        assert!(mean(&all) - mean(&control_variate) < 0.03, "{figures}");
+        for (what, role) in [("control variate", Role::ControlVariate), ("sample", Role::Sample)] {
+            let standing = run(tenth, role);
+            let figures = format!("seed {seed}: all {all:.3?}, paper {paper:.3?}, {what} {standing:.3?}");
+            assert!(all[0] - paper[0] > 0.1, "{figures}");
+            assert!(all[0] - standing[0] < 0.06, "{figures}");
+            assert!(mean(&all) - mean(&standing) < 0.03, "{figures}");
+        }
     }
+}
+
+#[test]
+fn a_memory_as_a_sample_weights_its_points_as_copies_of_themselves() {
+    // A Gaussian stream of three batches, θ and Z fixed, a uniform reservoir
+    // of a quarter of the points seen, the memory as a sample of the past.
+    // At the third update 80 points have been seen and 20 remain, so each
+    // counts 4 times: the posterior must be the batch posterior on the third
+    // batch and four copies of each of those 20 points, whatever the sites
+    // the earlier points had.
+    let (train, test) = tasks(20, 7);
+    let regression = Data::new(train.x().clone(), train.x().column(0).map(f64::sin)).unwrap();
+    let gaussian = Likelihood::Gaussian { variance: 0.3 };
+    let z = train.x().rows_with_step(0, 15, 7).into_owned();
+    let config = SequentialConfig {
+        inducing: z.nrows(),
+        inducing_policy: InducingPolicy::Fixed,
+        e_step: EStepConfig { steps: 1, rho: 1.0 },
+        m_steps: 0,
+        memory: MemoryPolicy::RandomReservoir { capacity: 20 },
+        memory_sample: true,
+        ..SequentialConfig::default()
+    };
+    let mut learner = SequentialLearner::new(kernel(), gaussian.clone(), config)
+        .unwrap()
+        .with_inducing(z.clone())
+        .unwrap();
+    for t in 0..2 {
+        learner.update(&task(&regression, t)).unwrap();
+    }
+    let memory = learner.memory.data(D);
+    assert_eq!((learner.n_seen, memory.n()), (80, 20));
+    let last = task(&regression, 2);
+    let copies: Vec<usize> = (0..4 * memory.n()).map(|i| i % memory.n()).collect();
+    let memory = memory.select(&copies);
+    let x = DMatrix::from_fn(last.n() + memory.n(), D, |i, j| {
+        if i < last.n() {
+            last.x()[(i, j)]
+        } else {
+            memory.x()[(i - last.n(), j)]
+        }
+    });
+    let y = DVector::from_fn(x.nrows(), |i, _| {
+        if i < last.n() {
+            last.y()[i]
+        } else {
+            memory.y()[i - last.n()]
+        }
+    });
+    let weighted = Data::new(x, y).unwrap();
+    learner.update(&last).unwrap();
+    let mut batch = DualPosterior::new(kernel(), z, 1).unwrap();
+    let exact = EStepConfig { steps: 1, rho: 1.0 };
+    e_step(
+        &mut batch,
+        &gaussian,
+        &weighted,
+        &mut PointSites::zeros(weighted.n(), 1),
+        &exact,
+    )
+    .unwrap();
+    assert_predicts_as(learner.posterior().unwrap(), &batch, &test, "");
 }
 
 #[test]

@@ -107,6 +107,12 @@ pub struct ModelArgs {
     /// a stationary kernel reaches only as its variance and lengthscale run off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub linear: Option<bool>,
+    /// The stationary kernel's variance to start from (default 1).
+    #[arg(long)]
+    pub kernel_variance: Option<f64>,
+    /// The lengthscale(s) to start from (default √d, or 1 with the reference preset).
+    #[arg(long)]
+    pub lengthscale: Option<f64>,
     #[arg(long)]
     pub inducing: Option<usize>,
     #[arg(long)]
@@ -127,6 +133,10 @@ pub struct ModelArgs {
     /// terms count `n_old / |M|` times beside every past point's first sites (true|false).
     #[arg(long)]
     pub memory_control_variate: Option<bool>,
+    /// The memory as a weighted sample of all past data: past points' sites
+    /// are dropped at each update and the memory's terms weighted `n_seen / |M|` (true|false).
+    #[arg(long)]
+    pub memory_sample: Option<bool>,
     /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
     #[arg(long)]
     pub e_steps: Option<usize>,
@@ -181,6 +191,9 @@ pub struct Settings {
     pub z_first_rows: bool,
     /// Start the lengthscales at √d, the scale of distances between standardised inputs (else 1).
     pub median_lengthscale: bool,
+    /// The stationary part's starting variance and, if given, lengthscale.
+    pub kernel_variance: f64,
+    pub lengthscale: Option<f64>,
 }
 
 impl ModelArgs {
@@ -192,6 +205,8 @@ impl ModelArgs {
             ard: over.ard.or(self.ard),
             bias: over.bias.or(self.bias),
             linear: over.linear.or(self.linear),
+            kernel_variance: over.kernel_variance.or(self.kernel_variance),
+            lengthscale: over.lengthscale.or(self.lengthscale),
             inducing: over.inducing.or(self.inducing),
             inducing_policy: over.inducing_policy.or(self.inducing_policy),
             inducing_pivot: over.inducing_pivot.or(self.inducing_pivot),
@@ -199,6 +214,7 @@ impl ModelArgs {
             memory_policy: over.memory_policy.or(self.memory_policy),
             memory_capacity: over.memory_capacity.or(self.memory_capacity),
             memory_control_variate: over.memory_control_variate.or(self.memory_control_variate),
+            memory_sample: over.memory_sample.or(self.memory_sample),
             e_steps: over.e_steps.or(self.e_steps),
             e_lr: over.e_lr.or(self.e_lr),
             m_optimizer: over.m_optimizer.or(self.m_optimizer),
@@ -242,6 +258,8 @@ impl ModelArgs {
                 osgpr: OsgprConfig::default(),
                 z_first_rows: true,
                 median_lengthscale: false,
+                kernel_variance: 1.0,
+                lengthscale: None,
             }
         } else {
             Settings {
@@ -265,11 +283,14 @@ impl ModelArgs {
                     // drifting and class-incremental streams (docs/RESULTS.md, session 12).
                     memory: MemoryPolicy::Random { k: 20 },
                     memory_control_variate: false,
+                    memory_sample: false,
                     seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
                 z_first_rows: false,
                 median_lengthscale: true,
+                kernel_variance: 1.0,
+                lengthscale: None,
             }
         };
         if let Some(k) = self.kernel {
@@ -284,6 +305,16 @@ impl ModelArgs {
         if self.ard.is_some() {
             s.ard = self.ard;
         }
+        for (flag, value) in [
+            ("--kernel-variance", self.kernel_variance),
+            ("--lengthscale", self.lengthscale),
+        ] {
+            if let Some(v) = value.filter(|v| !(v.is_finite() && *v > 0.0)) {
+                bail!("{flag} {v}: give a positive, finite value");
+            }
+        }
+        s.kernel_variance = self.kernel_variance.unwrap_or(s.kernel_variance);
+        s.lengthscale = self.lengthscale.or(s.lengthscale);
         if let Some(bias) = self.bias {
             s.bias = bias;
         }
@@ -336,6 +367,9 @@ impl ModelArgs {
         }
         if let Some(control_variate) = self.memory_control_variate {
             q.memory_control_variate = control_variate;
+        }
+        if let Some(sample) = self.memory_sample {
+            q.memory_sample = sample;
         }
         if let Some(past) = self.m_past {
             q.past_in_m_step = match past {
@@ -401,15 +435,15 @@ impl ModelArgs {
 impl Settings {
     /// The starting kernel for `d` (standardised) inputs.
     pub fn kernel(&self, d: usize) -> Kernel {
-        let lengthscale = if self.median_lengthscale {
-            (d as f64).sqrt()
-        } else {
-            1.0
+        let lengthscale = match (self.lengthscale, self.median_lengthscale) {
+            (Some(l), _) => l,
+            (None, true) => (d as f64).sqrt(),
+            (None, false) => 1.0,
         };
         let ard = self.ard.unwrap_or(d <= ARD_MAX_INPUTS);
         let mut parts: Vec<Kernel> = self
             .family
-            .map(|family| Kernel::stationary(family, 1.0, vec![lengthscale; if ard { d } else { 1 }]))
+            .map(|family| Kernel::stationary(family, self.kernel_variance, vec![lengthscale; if ard { d } else { 1 }]))
             .into_iter()
             .collect();
         if self.bias {
@@ -544,6 +578,27 @@ mod tests {
             parts,
             vec![Kernel::Constant { variance: 1.0 }, Kernel::Linear { variance: 0.25 }]
         );
+    }
+
+    #[test]
+    fn the_starting_kernel_variance_and_lengthscale_can_be_given() {
+        let ard = settings(&["--kernel-variance", "30", "--lengthscale", "150"]).kernel(3);
+        assert_eq!(ard, Kernel::stationary(Family::Matern52, 30.0, vec![150.0; 3]));
+        assert_eq!(
+            settings(&[]).kernel(4),
+            Kernel::stationary(Family::Matern52, 1.0, vec![2.0; 4])
+        );
+        let cli = |args: &[&str]| Cli::try_parse_from(std::iter::once("dualgp").chain(args.iter().copied())).unwrap();
+        for bad in ["0", "inf", "NaN"] {
+            assert!(
+                cli(&["--lengthscale", bad]).model.settings().is_err(),
+                "--lengthscale {bad}"
+            );
+            assert!(
+                cli(&["--kernel-variance", bad]).model.settings().is_err(),
+                "--kernel-variance {bad}"
+            );
+        }
     }
 
     #[test]

@@ -68,9 +68,20 @@ pub struct FirstSites {
 /// replace its own (the paper), and where a past point's sites were taken
 /// while its class's rivals had no data, nothing revives them: the memory
 /// alone holds old tasks in place.
+///
+/// As a *sample* of all past data (`sample`), the first sites are dropped:
+/// every past point's sites leave the totals at each update and the memory's
+/// terms, re-learned, stand for all of them, `w Σ_M E_q[log p(y_j|f_j)]`. The
+/// same estimate without the control, so noisier where the first sites still
+/// hold (a Gaussian likelihood's always do); but with every weight positive
+/// the E-step's objective stays concave, where the control variate's
+/// `1 − w < 0` on the first sites' concave terms does not (at a large prior
+/// variance its E-step could not climb at all: docs/RESULTS.md, session 15).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ControlVariate {
     pub weight: f64,
+    #[serde(default)]
+    pub sample: bool,
 }
 
 impl ControlVariate {

@@ -88,6 +88,13 @@ pub struct SequentialConfig {
     /// its own (the paper).
     #[serde(default)]
     pub memory_control_variate: bool,
+    /// The memory as a weighted sample of all past data (see
+    /// [`ControlVariate::sample`]): each update drops every past point's
+    /// sites and learns the batch with the memory's terms weighted
+    /// `n_seen / |M|`, in the E-step as in the M-step. Off: past points keep
+    /// their sites (the paper).
+    #[serde(default)]
+    pub memory_sample: bool,
     pub seed: u64,
 }
 
@@ -106,6 +113,7 @@ impl Default for SequentialConfig {
             optimizer: Optimizer::Adam { lr: 0.01 },
             memory: MemoryPolicy::PerBatch { k: 10 },
             memory_control_variate: false,
+            memory_sample: false,
             seed: 0,
         }
     }
@@ -128,6 +136,11 @@ impl SequentialConfig {
                 return Err(ModelError::Config("L-BFGS needs a history of at least 1".into()));
             }
             _ => {}
+        }
+        if self.memory_control_variate && self.memory_sample {
+            return Err(ModelError::Config(
+                "the memory is a control variate or a sample of the past, not both".into(),
+            ));
         }
         if self.past_in_m_step == PastInMStep::Message && !self.relearn_in_m_step {
             // Its gradient holds q(u), which is right only where q is re-learned at each θ.
@@ -274,8 +287,9 @@ impl SequentialLearner {
             *slot += clock.elapsed().as_secs_f64();
             clock = Instant::now();
         };
-        // Past data but the memory, over the inducing inputs it was learned on.
-        let message = (self.config.past_in_m_step == PastInMStep::Message).then(|| {
+        // Past data but the memory, over the inducing inputs it was learned on
+        // (none when the memory is a sample of it: the M-step weights the memory instead).
+        let message = (self.config.past_in_m_step == PastInMStep::Message && !self.config.memory_sample).then(|| {
             let post = self.require().expect("initialised");
             let mut past = post.whitened.clone();
             for (past, mem) in past.iter_mut().zip(&self.memory.whitened_totals(post)) {
@@ -294,7 +308,7 @@ impl SequentialLearner {
             0
         };
         for round in 0..rounds {
-            let before = (self.config.reexpress_old_data && message.is_none())
+            let before = (self.config.reexpress_old_data && message.is_none() && !self.config.memory_sample)
                 .then(|| self.require().cloned())
                 .transpose()?;
             self.m_step(shards, message.as_ref()).await?;
@@ -302,7 +316,10 @@ impl SequentialLearner {
                 self.reexpress_old_data(shards, before).await?;
             }
             lap(&mut seconds.m_step);
-            if before.is_some() || message.is_some() || round + 1 < rounds {
+            // The M-step ends at its best θ, not the last it tried: re-learn
+            // there unless the sites are held from the E-step (the paper).
+            let moved_sites = before.is_some() || message.is_some() || self.config.memory_sample;
+            if moved_sites || round + 1 < rounds {
                 self.relearn(shards).await?;
             }
             lap(&mut seconds.e_step);
@@ -364,17 +381,24 @@ impl SequentialLearner {
         Ok(true)
     }
 
-    /// Steps 2–3: takes the memory's contribution out of the totals and runs
-    /// the E-step over the batch and the memory together from zero sites.
+    /// Steps 2–3: takes the memory's contribution out of the totals (all past
+    /// data's, when the memory is a sample of it) and runs the E-step over the
+    /// batch and the memory together from zero sites.
     async fn learn_with_memory(&mut self, shards: &mut impl Shards) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        let memory = self.memory.whitened_totals(post);
-        for (totals, mem) in post.whitened.iter_mut().zip(&memory) {
-            totals.add(mem, -1.0);
+        let past = if self.config.memory_sample {
+            post.whitened.clone()
+        } else {
+            self.memory.whitened_totals(post)
+        };
+        for (totals, past) in post.whitened.iter_mut().zip(&past) {
+            totals.add(past, -1.0);
         }
         post.refresh_sites()?;
-        let control = (self.config.memory_control_variate && !self.memory.is_empty()).then(|| ControlVariate {
+        let weighted = self.config.memory_control_variate || self.config.memory_sample;
+        let control = (weighted && !self.memory.is_empty()).then(|| ControlVariate {
             weight: self.n_seen as f64 / self.memory.len() as f64,
+            sample: self.config.memory_sample,
         });
         let begin = Query::Begin {
             model: self.current(),

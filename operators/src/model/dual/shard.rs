@@ -540,9 +540,11 @@ impl Block {
         let n_latent = model.posterior.n_latent();
         self.sites = PointSites::zeros(n, n_latent);
         self.control = control;
-        self.corrected = false;
+        // A sample of the past has no first sites and counts as one from the start.
+        let sample = control.is_some_and(|c| c.sample);
+        self.corrected = sample;
         self.first = PointSites::zeros(self.memory.len(), n_latent);
-        for (k, p) in self.memory.iter().enumerate() {
+        for (k, p) in self.memory.iter().enumerate().filter(|_| !sample) {
             let first = p.first.as_ref().map_or((&p.s1, &p.s2), |f| (&f.s1, &f.s2));
             for c in 0..n_latent {
                 self.first.s1[(k, c)] = first.0[c];
