@@ -5,12 +5,21 @@
 //! use Gauss–Hermite quadrature with `∂E/∂μ = E[∂_f log p]` (Bonnet) and
 //! `∂E/∂v` the exact derivative of the quadrature estimate, which equals
 //! `½ E[∂²_f log p]` (Price) for the true integral; see
-//! [`quadrature::GaussHermite::expect_and_grads`]. Softmax uses a fixed, seeded
-//! antithetic Monte Carlo sample whose derivatives are exact for that sample.
+//! [`GaussHermite::expect_and_grads`](crate::model::math::quadrature::GaussHermite::expect_and_grads).
+//! Softmax uses a fixed, seeded antithetic Monte Carlo sample whose
+//! derivatives are exact for that sample. One file a family.
+
+mod bernoulli;
+mod gaussian;
+mod poisson;
+mod softmax;
+mod student_t;
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
+use softmax::Softmax;
+use student_t::StudentT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -273,15 +282,6 @@ fn parse_classes(c: &str) -> Result<usize> {
         ))),
     }
 }
-
-mod bernoulli;
-mod gaussian;
-mod poisson;
-mod softmax;
-mod student_t;
-
-use softmax::Softmax;
-use student_t::StudentT;
 
 #[cfg(test)]
 mod tests {
