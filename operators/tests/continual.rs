@@ -275,66 +275,89 @@ fn a_memory_of_a_tenth_that_stands_for_all_past_data_holds_old_tasks_as_all_past
     }
 }
 
+/// A Gaussian stream over the tasks' inputs, its test rows and a fixed `Z`.
+struct GaussianStream {
+    data: Data,
+    test: Data,
+    z: DMatrix<f64>,
+}
+
+const GAUSSIAN: Likelihood = Likelihood::Gaussian { variance: 0.3 };
+
+fn gaussian_stream() -> GaussianStream {
+    let (train, test) = tasks(20, 7);
+    let data = Data::new(train.x().clone(), train.x().column(0).map(f64::sin)).unwrap();
+    let z = train.x().rows_with_step(0, 15, 7).into_owned();
+    GaussianStream { data, test, z }
+}
+
+impl GaussianStream {
+    /// A learner with θ and `Z` fixed whose memory `memory` plays `role`.
+    fn learner(&self, memory: MemoryPolicy, role: Role) -> SequentialLearner {
+        let config = SequentialConfig {
+            inducing: self.z.nrows(),
+            inducing_policy: InducingPolicy::Fixed,
+            e_step: EStepConfig { steps: 1, rho: 1.0 },
+            m_steps: 0,
+            memory,
+            memory_control_variate: matches!(role, Role::ControlVariate),
+            memory_sample: matches!(role, Role::Sample),
+            ..SequentialConfig::default()
+        };
+        SequentialLearner::new(kernel(), GAUSSIAN, config)
+            .unwrap()
+            .with_inducing(self.z.clone())
+            .unwrap()
+    }
+
+    /// `learner` predicts as the exact sparse posterior on `rows` of the
+    /// stream does (a row given twice counts twice).
+    fn assert_learned_as_batch(&self, learner: &SequentialLearner, rows: &[usize]) {
+        let data = self.data.select(rows);
+        let mut batch = DualPosterior::new(kernel(), self.z.clone(), 1).unwrap();
+        let mut sites = PointSites::zeros(data.n(), 1);
+        e_step(
+            &mut batch,
+            &GAUSSIAN,
+            &data,
+            &mut sites,
+            &EStepConfig { steps: 1, rho: 1.0 },
+        )
+        .unwrap();
+        assert_predicts_as(learner.posterior().unwrap(), &batch, &self.test, "");
+    }
+}
+
 #[test]
 fn a_memory_as_a_sample_weights_its_points_as_copies_of_themselves() {
-    // A Gaussian stream of three batches, θ and Z fixed, a uniform reservoir
-    // of a quarter of the points seen, the memory as a sample of the past.
-    // At the third update 80 points have been seen and 20 remain, so each
-    // counts 4 times: the posterior must be the batch posterior on the third
-    // batch and four copies of each of those 20 points, whatever the sites
-    // the earlier points had.
-    let (train, test) = tasks(20, 7);
-    let regression = Data::new(train.x().clone(), train.x().column(0).map(f64::sin)).unwrap();
-    let gaussian = Likelihood::Gaussian { variance: 0.3 };
-    let z = train.x().rows_with_step(0, 15, 7).into_owned();
-    let config = SequentialConfig {
-        inducing: z.nrows(),
-        inducing_policy: InducingPolicy::Fixed,
-        e_step: EStepConfig { steps: 1, rho: 1.0 },
-        m_steps: 0,
-        memory: MemoryPolicy::RandomReservoir { capacity: 20 },
-        memory_sample: true,
-        ..SequentialConfig::default()
-    };
-    let mut learner = SequentialLearner::new(kernel(), gaussian.clone(), config)
-        .unwrap()
-        .with_inducing(z.clone())
-        .unwrap();
+    // A uniform reservoir of a quarter of the points seen, the memory as a
+    // sample of the past. At the third update 80 points have been seen and
+    // 20 remain, so each counts 4 times: the posterior must be the batch
+    // posterior on the third batch and four copies of each of those 20
+    // points, whatever the sites the earlier points had.
+    let stream = gaussian_stream();
+    let mut learner = stream.learner(MemoryPolicy::RandomReservoir { capacity: 20 }, Role::Sample);
+    let per_task = stream.data.n() / TASKS;
     for t in 0..2 {
-        learner.update(&task(&regression, t)).unwrap();
+        learner.update(&task(&stream.data, t)).unwrap();
     }
-    let memory = learner.memory.data(D);
-    assert_eq!((learner.n_seen, memory.n()), (80, 20));
-    let last = task(&regression, 2);
-    let copies: Vec<usize> = (0..4 * memory.n()).map(|i| i % memory.n()).collect();
-    let memory = memory.select(&copies);
-    let x = DMatrix::from_fn(last.n() + memory.n(), D, |i, j| {
-        if i < last.n() {
-            last.x()[(i, j)]
-        } else {
-            memory.x()[(i - last.n(), j)]
-        }
-    });
-    let y = DVector::from_fn(x.nrows(), |i, _| {
-        if i < last.n() {
-            last.y()[i]
-        } else {
-            memory.y()[i - last.n()]
-        }
-    });
-    let weighted = Data::new(x, y).unwrap();
-    learner.update(&last).unwrap();
-    let mut batch = DualPosterior::new(kernel(), z, 1).unwrap();
-    let exact = EStepConfig { steps: 1, rho: 1.0 };
-    e_step(
-        &mut batch,
-        &gaussian,
-        &weighted,
-        &mut PointSites::zeros(weighted.n(), 1),
-        &exact,
-    )
-    .unwrap();
-    assert_predicts_as(learner.posterior().unwrap(), &batch, &test, "");
+    assert_eq!((learner.n_seen, learner.memory.len()), (80, 20));
+    // The memory's rows in the stream, found by their inputs.
+    let remembered: Vec<usize> = learner
+        .memory
+        .points
+        .iter()
+        .map(|p| {
+            (0..2 * per_task)
+                .find(|&i| stream.data.x().row(i).iter().eq(p.x.iter()))
+                .unwrap()
+        })
+        .collect();
+    let rows: Vec<usize> = (2 * per_task..3 * per_task)
+        .chain((0..4).flat_map(|_| remembered.iter().copied()))
+        .collect();
+    learner.update(&task(&stream.data, 2)).unwrap();
+    stream.assert_learned_as_batch(&learner, &rows);
 }
 
 #[test]
@@ -342,36 +365,12 @@ fn with_a_gaussian_likelihood_the_control_variate_changes_nothing() {
     // Gaussian sites do not depend on q: every first site still holds, the
     // memory's correction is zero and the stream stays the batch posterior
     // (θ and Z fixed), whatever the memory keeps and drops.
-    let (train, test) = tasks(20, 7);
-    let regression = Data::new(train.x().clone(), train.x().column(0).map(f64::sin)).unwrap();
-    let gaussian = Likelihood::Gaussian { variance: 0.3 };
-    let z = train.x().rows_with_step(0, 15, 7).into_owned();
-    let config = SequentialConfig {
-        inducing: z.nrows(),
-        inducing_policy: InducingPolicy::Fixed,
-        e_step: EStepConfig { steps: 1, rho: 1.0 },
-        m_steps: 0,
-        memory: MemoryPolicy::RandomReservoir { capacity: 8 },
-        memory_control_variate: true,
-        ..SequentialConfig::default()
-    };
-    let mut learner = SequentialLearner::new(kernel(), gaussian.clone(), config)
-        .unwrap()
-        .with_inducing(z.clone())
-        .unwrap();
+    let stream = gaussian_stream();
+    let mut learner = stream.learner(MemoryPolicy::RandomReservoir { capacity: 8 }, Role::ControlVariate);
     for t in 0..TASKS {
-        learner.update(&task(&regression, t)).unwrap();
+        learner.update(&task(&stream.data, t)).unwrap();
     }
-    let mut batch = DualPosterior::new(kernel(), z, 1).unwrap();
-    e_step(
-        &mut batch,
-        &gaussian,
-        &regression,
-        &mut PointSites::zeros(regression.n(), 1),
-        &EStepConfig { steps: 1, rho: 1.0 },
-    )
-    .unwrap();
-    assert_predicts_as(learner.posterior().unwrap(), &batch, &test, "");
+    stream.assert_learned_as_batch(&learner, &(0..stream.data.n()).collect::<Vec<_>>());
 }
 
 #[test]
