@@ -178,7 +178,7 @@ impl OfflineModel {
                         model.set_params(p, with_z)?;
                         let cross = model.rebuild_totals(data)?;
                         model.e_step(data, &cross, config, rng)?;
-                        Ok(model.objective_at(data, &cross))
+                        Ok(model.objective_at(data, &cross, with_z))
                     };
                     // A failed trial point must not leave its sites behind.
                     let o = profile(self).inspect_err(|_| self.sites = warm)?;
@@ -213,12 +213,12 @@ impl OfflineModel {
         } else {
             self.posterior.cross(data.x())
         };
-        Ok(self.objective_at(data, &cross).value)
+        Ok(self.objective_at(data, &cross, false).value)
     }
 
-    /// `F(θ)` on all of `data`, whose kernel quantities are `cross`.
-    fn objective_at(&self, data: &Data, cross: &Cross) -> Objective {
-        DataTerms::new(&self.posterior, &self.likelihood, data, cross, None, true).finish(
+    /// `F(θ)` on all of `data`, whose kernel quantities are `cross` (`∂F/∂Z` only `with_z`).
+    fn objective_at(&self, data: &Data, cross: &Cross, with_z: bool) -> Objective {
+        DataTerms::new(&self.posterior, &self.likelihood, data, cross, None, with_z).finish(
             &self.posterior,
             &self.likelihood,
             None,
@@ -256,10 +256,8 @@ fn packed_grad(o: &Objective, with_z: bool) -> DVector<f64> {
     if !with_z {
         return o.grad.clone();
     }
-    DVector::from_iterator(
-        o.grad.len() + o.grad_z.len(),
-        o.grad.iter().chain(o.grad_z.iter()).copied(),
-    )
+    let grad_z = o.grad_z.as_ref().expect("the objective was asked for ∂F/∂Z");
+    DVector::from_iterator(o.grad.len() + grad_z.len(), o.grad.iter().chain(grad_z).copied())
 }
 
 /// A random partition of `0..n` into batches of `size` (the last may be smaller).

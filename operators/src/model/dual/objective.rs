@@ -21,8 +21,9 @@ use crate::model::math::linalg::transposed;
 pub struct Objective {
     pub value: f64,
     pub grad: DVector<f64>,
-    /// `∂F/∂Z`, `m × d`, for moving the inducing inputs with the sites held.
-    pub grad_z: DMatrix<f64>,
+    /// `∂F/∂Z`, `m × d`, for moving the inducing inputs with the sites held;
+    /// `None` where it was not asked for.
+    pub grad_z: Option<DMatrix<f64>>,
 }
 
 /// The hyperparameter vector: kernel log-parameters, then the likelihood's.
@@ -87,10 +88,6 @@ pub(super) fn expected_log_message(post: &DualPosterior, whitened: &[Sites]) -> 
         .sum()
 }
 
-fn yes() -> bool {
-    true
-}
-
 /// The part of `F(θ)` and its gradient that sums over points: what one worker
 /// computes over its records. Partial terms add up; [`DataTerms::finish`]
 /// adds the KL term and the chain rule through `K(Z, Z)` once.
@@ -101,11 +98,9 @@ pub struct DataTerms {
     /// Through `K(Z, X)` and `k(x_i, x_i)`, in the kernel's log-parameters.
     pub kernel_grad: DVector<f64>,
     pub likelihood_grad: DVector<f64>,
-    /// Through `K(Z, X)`, `m × d`; zero when the inducing inputs are not learned.
-    pub grad_z: DMatrix<f64>,
-    /// Whether `grad_z` is computed (an `m·n·d` product per evaluation).
-    #[serde(default = "yes")]
-    pub with_z: bool,
+    /// Through `K(Z, X)`, `m × d`: an `m·n·d` product, computed only where
+    /// asked for (learners that place `Z` otherwise skip it).
+    pub grad_z: Option<DMatrix<f64>>,
     /// Per latent `Σ_i k_i ∂/∂μ_i`, `m`.
     pub kzx_d_mean: Vec<DVector<f64>>,
     /// Per latent `Σ_i ∂/∂v_i k_i k_iᵀ`, `m × m`.
@@ -120,8 +115,7 @@ impl DataTerms {
             value: 0.0,
             kernel_grad: DVector::zeros(post.kernel.n_params()),
             likelihood_grad: DVector::zeros(likelihood.n_params()),
-            grad_z: DMatrix::zeros(m, d),
-            with_z: true,
+            grad_z: Some(DMatrix::zeros(m, d)),
             kzx_d_mean: vec![DVector::zeros(m); n_latent],
             gram_d_var: vec![DMatrix::zeros(m, m); n_latent],
         }
@@ -143,7 +137,6 @@ impl DataTerms {
         let factors = post.factors();
         let marginals = post.marginals(cross);
         let mut terms = DataTerms::zeros(post, likelihood);
-        terms.with_z = with_z;
 
         // Data term and its derivatives in each point's (μ, v).
         let mut d_mean = DMatrix::zeros(n, n_latent);
@@ -184,9 +177,7 @@ impl DataTerms {
         }
         let kernel = &post.kernel;
         terms.kernel_grad = kernel.matrix_grad(&post.z, data.x(), &g_kzx) + kernel.diag_grad(data.x(), &g_diag);
-        if terms.with_z {
-            terms.grad_z = kernel.input_grad(&post.z, data.x(), &g_kzx);
-        }
+        terms.grad_z = with_z.then(|| kernel.input_grad(&post.z, data.x(), &g_kzx));
         terms
     }
 
@@ -195,8 +186,10 @@ impl DataTerms {
         self.value += other.value;
         self.kernel_grad += &other.kernel_grad;
         self.likelihood_grad += &other.likelihood_grad;
-        self.grad_z += &other.grad_z;
-        self.with_z &= other.with_z;
+        self.grad_z = match (self.grad_z.take(), &other.grad_z) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
         for (a, b) in self.kzx_d_mean.iter_mut().zip(&other.kzx_d_mean) {
             *a += b;
         }
@@ -247,13 +240,9 @@ impl DataTerms {
         }
         let kernel = &post.kernel;
         let kernel_grad = self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k);
-        let grad_z = if self.with_z {
-            self.grad_z
-                + kernel.input_grad(&post.z, &post.z, &g_k)
-                + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
-        } else {
-            self.grad_z
-        };
+        let grad_z = self.grad_z.map(|g| {
+            g + kernel.input_grad(&post.z, &post.z, &g_k) + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
+        });
         let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
         grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);
         grad.rows_mut(kernel.n_params(), likelihood.n_params())
