@@ -377,13 +377,14 @@ impl Block {
                     let [before_last, last] = &mut self.step_starts;
                     std::mem::swap(before_last, last);
                     last.clone_from(&self.sites);
-                    let before = self.contribution().into_owned();
+                    // Only a control variate's memory holds other sites than its own.
+                    let before = self.active_control().map(|_| self.contribution().into_owned());
                     let anchored = self.active_control().map(|control| Anchored {
                         from: self.batch_ids.len(),
                         control,
                         first: &self.first,
                     });
-                    let (expected, _) = site_update(
+                    let (expected, mut change) = site_update(
                         &model.posterior,
                         &model.likelihood,
                         points,
@@ -392,9 +393,11 @@ impl Block {
                         *step,
                         anchored.as_ref(),
                     );
-                    let mut change = self.contribution().into_owned();
-                    change.s1 -= &before.s1;
-                    change.s2 -= &before.s2;
+                    if let Some(before) = before {
+                        change = self.contribution().into_owned();
+                        change.s1 -= &before.s1;
+                        change.s2 -= &before.s2;
+                    }
                     let change = change.totals(&columns.cross.a);
                     Answer::Step(BlockSums::one(self.block, SiteStep { expected, change }))
                 }
