@@ -252,19 +252,10 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
 fn an_unreachable_broker_is_one_line_within_the_timeout() {
     let port = free_port();
     let address = format!("127.0.0.1:{port}");
-    let out = dualgp(&[
-        "serve",
-        "--brokers",
-        &address,
-        "--input-topic",
-        "in",
-        "--output-topic",
-        "out",
-        "--likelihood",
-        "gaussian",
-        "--broker-timeout",
-        "3",
-    ]);
+    let out = serve_command(&address, "in", "out")
+        .args(["--likelihood", "gaussian", "--broker-timeout", "3"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
