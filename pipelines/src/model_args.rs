@@ -189,9 +189,8 @@ pub struct Settings {
     pub osgpr: OsgprConfig,
     /// The reference keeps `Z` at the first `m` train rows.
     pub z_first_rows: bool,
-    /// Start the lengthscales at √d, the scale of distances between standardised inputs (else 1).
-    pub median_lengthscale: bool,
-    /// The stationary part's starting variance and, if given, lengthscale.
+    /// The stationary part's starting variance and lengthscale; `None`:
+    /// √d, the scale of distances between standardised inputs.
     pub kernel_variance: f64,
     pub lengthscale: Option<f64>,
 }
@@ -257,9 +256,8 @@ impl ModelArgs {
                 },
                 osgpr: OsgprConfig::default(),
                 z_first_rows: true,
-                median_lengthscale: false,
                 kernel_variance: 1.0,
-                lengthscale: None,
+                lengthscale: Some(1.0),
             }
         } else {
             Settings {
@@ -288,7 +286,6 @@ impl ModelArgs {
                 },
                 osgpr: OsgprConfig::default(),
                 z_first_rows: false,
-                median_lengthscale: true,
                 kernel_variance: 1.0,
                 lengthscale: None,
             }
@@ -435,11 +432,7 @@ impl ModelArgs {
 impl Settings {
     /// The starting kernel for `d` (standardised) inputs.
     pub fn kernel(&self, d: usize) -> Kernel {
-        let lengthscale = match (self.lengthscale, self.median_lengthscale) {
-            (Some(l), _) => l,
-            (None, true) => (d as f64).sqrt(),
-            (None, false) => 1.0,
-        };
+        let lengthscale = self.lengthscale.unwrap_or((d as f64).sqrt());
         let ard = self.ard.unwrap_or(d <= ARD_MAX_INPUTS);
         let mut parts: Vec<Kernel> = self
             .family
