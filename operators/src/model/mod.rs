@@ -11,6 +11,7 @@ pub mod baselines;
 pub mod data;
 pub mod dual;
 pub mod error;
+pub mod fantasy;
 pub mod learner;
 pub mod likelihood;
 pub mod math;

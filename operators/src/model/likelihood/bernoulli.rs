@@ -59,6 +59,22 @@ pub(super) fn prob_one(link: Link, mean: f64, var: f64) -> f64 {
     }
 }
 
+/// `[p(y = 1), ∂p/∂μ, ∂p/∂v]`.
+pub(super) fn prob_one_and_grads(link: Link, mean: f64, var: f64) -> [f64; 3] {
+    match link {
+        Link::Probit => {
+            let scale = (1.0 + var).sqrt();
+            let t = mean / scale;
+            let density = (-0.5 * t * t).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            [ndtr(t), density / scale, -0.5 * density * t / (1.0 + var)]
+        }
+        Link::Logit => quadrature::expect_and_grads(mean, var, |f| {
+            let p = sigmoid(f);
+            [p, p * (1.0 - p), p * (1.0 - p) * (1.0 - 2.0 * p)]
+        }),
+    }
+}
+
 #[cfg(test)]
 pub(super) fn quadrature_log_predictive(link: Link, mean: f64, var: f64, y: f64, nodes: usize) -> f64 {
     let s = sign(y);

@@ -244,6 +244,14 @@ impl Likelihood {
         }
     }
 
+    /// A Bernoulli model's `[p(y = 1), ∂p/∂μ, ∂p/∂v]`; `None` for the others.
+    pub fn prob_one_and_grads(&self, mean: f64, var: f64) -> Option<[f64; 3]> {
+        match *self {
+            Likelihood::Bernoulli { link } => Some(bernoulli::prob_one_and_grads(link, mean, var)),
+            _ => None,
+        }
+    }
+
     pub fn predict(&self, mean: &[f64], var: &[f64]) -> Predictive {
         let (m, v) = (mean[0], var[0]);
         match *self {

@@ -174,6 +174,33 @@ impl Kernel {
         }
     }
 
+    /// `∂k(x, x)/∂x` at one point `x`: zero for stationary and constant
+    /// kernels, whose prior variance is the same everywhere.
+    pub fn diag_input_grad(&self, x: &[f64]) -> DVector<f64> {
+        match self {
+            Kernel::Stationary(_) | Kernel::Constant { .. } => DVector::zeros(x.len()),
+            Kernel::Linear { variance } => DVector::from_iterator(x.len(), x.iter().map(|v| 2.0 * variance * v)),
+            Kernel::Sum(parts) => parts
+                .iter()
+                .fold(DVector::zeros(x.len()), |acc, part| acc + part.diag_input_grad(x)),
+            Kernel::Product(parts) => {
+                let row = DMatrix::from_row_slice(1, x.len(), x);
+                let diags: Vec<f64> = parts.iter().map(|part| part.diag(&row)[0]).collect();
+                let mut out = DVector::zeros(x.len());
+                for (p, part) in parts.iter().enumerate() {
+                    let others: f64 = diags
+                        .iter()
+                        .enumerate()
+                        .filter(|&(q, _)| q != p)
+                        .map(|(_, v)| v)
+                        .product();
+                    out.axpy(others, &part.diag_input_grad(x), 1.0);
+                }
+                out
+            }
+        }
+    }
+
     /// `Σ_ij G_ij ∂K(A,B)_ij / ∂ log θ` for every log-parameter θ.
     pub fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
         assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
