@@ -14,3 +14,4 @@ pub mod protocol;
 pub mod replay;
 pub mod report;
 pub mod serve;
+pub mod suggest;

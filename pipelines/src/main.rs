@@ -8,7 +8,7 @@ use std::sync::Arc;
 use dualgp_operators::model::StreamingLearner;
 use dualgp_pipelines::cluster::ClusterArgs;
 use dualgp_pipelines::model_args::ModelArgs;
-use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve};
+use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve, suggest};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -53,6 +53,8 @@ enum Command {
         #[command(flatten)]
         model: Box<ModelArgs>,
     },
+    /// Choose the next batch of points to evaluate (batch Bayesian optimisation, active learning); prints {"points": [...]} as JSON.
+    Suggest(Box<suggest::SuggestArgs>),
     /// Show what a saved model holds: a checkpoint file, or the newest in a directory.
     Inspect {
         checkpoint: std::path::PathBuf,
@@ -168,6 +170,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let job = pipeline::PipelineConfig::read(&config)?.job(workers, &cluster, &model)?;
             println!("{}", pipeline::run(&job, stop_on_signals()?)?);
+            Ok(())
+        }
+        Command::Suggest(args) => {
+            println!("{}", serde_json::to_string(&suggest::run(&args)?)?);
             Ok(())
         }
         Command::Inspect { checkpoint, json } => {

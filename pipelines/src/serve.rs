@@ -129,7 +129,7 @@ struct Shared {
 }
 
 /// The first epoch's standardisation, kept beside the checkpoints.
-const SCALING_FILE: &str = "scaling.json";
+pub(crate) const SCALING_FILE: &str = "scaling.json";
 
 /// Serves until `stop` is set (SIGINT/SIGTERM), `--idle-exit`, or an error.
 pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
@@ -528,7 +528,8 @@ fn first_records(
     Ok(None)
 }
 
-fn read_scaling(dir: &Path) -> Result<Option<Standardizer>> {
+/// The scaling kept beside the checkpoints in `dir`; `None` when there is none yet.
+pub(crate) fn read_scaling(dir: &Path) -> Result<Option<Standardizer>> {
     let path = dir.join(SCALING_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
