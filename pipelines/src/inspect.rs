@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
+use dualgp_operators::dataflow::{read_checkpoint, Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Kernel, StreamingLearner};
 use serde::Serialize;
 
@@ -39,10 +39,7 @@ pub fn inspect(path: &Path) -> Result<ModelSummary> {
             .with_context(|| format!("{} holds no checkpoint", path.display()))?;
         (path.display().to_string(), checkpoint)
     } else {
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let checkpoint =
-            serde_json::from_slice(&bytes).with_context(|| format!("{} is not a dualgp checkpoint", path.display()))?;
-        (path.display().to_string(), checkpoint)
+        (path.display().to_string(), read_checkpoint(path)?)
     };
     let learner = &checkpoint.learner;
     let kernel = learner.kernel();

@@ -89,7 +89,7 @@ pub enum MemoryPolicyName {
 
 /// Every model flag is optional: unset flags take the defaults or the preset's.
 /// In a pipeline file (`dualgp run`) the same names form the `[model]` table.
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelArgs {
     #[arg(long)]

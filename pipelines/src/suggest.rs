@@ -9,12 +9,11 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{ArgGroup, Args, ValueEnum};
 use dualgp_connectors::{ColumnSpec, Table};
-use dualgp_operators::dataflow::{Checkpoint, CheckpointError, CheckpointStore};
+use dualgp_operators::dataflow::CheckpointStore;
 use dualgp_operators::model::fantasy::{propose_batch, Acquisition, Conditioned, Fantasy, Search, Surrogate};
 use dualgp_operators::model::{
     fit_offline, Data, DualPosterior, Likelihood, ModelError, OfflineConfig, SequentialLearner, StreamingLearner,
@@ -190,11 +189,6 @@ fn acquisition(args: &SuggestArgs, incumbent: f64) -> Acquisition {
 /// Refuses an acquisition the model cannot serve, before anything is learned.
 fn check_acquisition_fits(args: &SuggestArgs, likelihood: &Likelihood) -> Result<()> {
     let flag = format!("--acquisition {}", flag_name(args.acquisition));
-    // A Poisson fantasy's label is a count, which expected improvement would
-    // take as an incumbent on the latent (log-rate) scale.
-    if args.acquisition == AcquisitionName::Ei && matches!(likelihood, Likelihood::Poisson) {
-        bail!("{flag}: a poisson model's latent is a log-rate and its labels counts, which expected improvement would compare; use ucb or entropy");
-    }
     acquisition(args, 0.0).validate(&[likelihood]).map_err(|e| {
         let classes = matches!(likelihood, Likelihood::Bernoulli { .. } | Likelihood::Softmax { .. });
         let hint = if classes { "; entropy works with any model" } else { "" };
@@ -251,7 +245,8 @@ fn from_checkpoint(dir: &Path, args: &SuggestArgs) -> Result<Fitted> {
         );
     }
     let store = CheckpointStore::new(dir, usize::MAX)?;
-    let checkpoint = newest_checkpoint(&store)?
+    let checkpoint = store
+        .latest::<serde_json::Value>()?
         .with_context(|| format!("--model {}: the directory holds no checkpoint", dir.display()))?;
     let scaling = read_scaling(dir)?.with_context(|| {
         format!(
@@ -283,56 +278,13 @@ fn from_checkpoint(dir: &Path, args: &SuggestArgs) -> Result<Fitted> {
     })
 }
 
-/// The newest checkpoint that reads back. The store warns of each newer one
-/// it skips, and when none reads back its error repeats the newest warning;
-/// so the warnings are held, and printed only when a checkpoint was found.
-fn newest_checkpoint(store: &CheckpointStore) -> Result<Option<Checkpoint<serde_json::Value>>, CheckpointError> {
-    let held = HeldLog::default();
-    let writer = held.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let latest = tracing::subscriber::with_default(subscriber, || store.latest());
-    if latest.is_ok() {
-        eprint!("{}", held.text());
-    }
-    latest
-}
-
-/// Log lines written to memory.
-#[derive(Clone, Default)]
-struct HeldLog(Arc<Mutex<Vec<u8>>>);
-
-impl HeldLog {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
-    }
-}
-
-impl std::io::Write for HeldLog {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Whether a flag that shapes learning (any model flag but --seed) was given.
+/// Whether a flag that shapes learning (any model flag but --seed) was given:
+/// every field is None unless its flag is.
 fn learning_flags_given(flags: &ModelArgs) -> bool {
-    // ModelArgs has no PartialEq; every field is None unless its flag is given.
-    let shaping = ModelArgs {
+    ModelArgs {
         seed: None,
         ..flags.clone()
-    };
-    format!("{shaping:?}") != format!("{:?}", ModelArgs::default())
+    } != ModelArgs::default()
 }
 
 /// The posterior mean at the inputs a checkpoint still holds, its memory and

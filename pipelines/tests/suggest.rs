@@ -215,6 +215,10 @@ fn from_a_checkpoint_directory_the_batch_is_in_the_data_units_and_reproducible()
     );
     let ucb = suggest(&flags(&["--acquisition", "ucb", "--kappa", "0.5"]), 3);
     assert_near(&ucb[0], MINIMISER, "ucb with κ = 0.5");
+    // `inspect` reads the one file too, its checksum line included.
+    let file = dir.path().join("checkpoint-00000000000000000000.json");
+    let out = dualgp(&["inspect", file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -233,7 +237,7 @@ fn a_newest_checkpoint_that_does_not_read_back_gives_way_to_the_one_before_with_
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("trying the checkpoint before it"), "{stderr}");
+    assert!(stderr.contains("resuming from an older checkpoint"), "{stderr}");
 }
 
 #[test]
@@ -331,7 +335,7 @@ fn bad_input_is_one_line_naming_the_problem() {
             "--batch",
             "2",
         ],
-        "--acquisition ei: a poisson model",
+        "--acquisition ei: expected improvement needs a model of real-valued outputs (gaussian or student-t); the model is poisson",
     );
     refuses(
         [&from_data(BOUNDS, "2")[..], &["--acquisition", "entropy", "--maximize"]].concat(),

@@ -103,49 +103,26 @@ impl CheckpointStore {
     }
 
     /// The newest checkpoint that reads back, if any. A newer one that does
-    /// not (truncated, damaged, unreadable) is skipped with a warning (a
-    /// `tracing` event); if none reads back, the newest one's error. A checkpoint of
+    /// not (truncated, damaged, unreadable) is skipped, with a warning (a
+    /// `tracing` event) once an older one is found; if none reads back, the
+    /// newest one's error. A checkpoint of
     /// another format version is an error, not damage.
     pub fn latest<P: DeserializeOwned>(&self) -> Result<Option<Checkpoint<P>>, CheckpointError> {
-        let mut newest_error = None;
+        let mut skipped = Vec::new();
         for epoch in self.epochs()?.into_iter().rev() {
-            match self.read(epoch) {
-                Ok(checkpoint) => return Ok(Some(checkpoint)),
-                Err(e @ CheckpointError::Version { .. }) => return Err(e),
-                Err(e) => {
-                    tracing::warn!("{e}; trying the checkpoint before it");
-                    newest_error.get_or_insert(e);
+            match read_checkpoint(&self.path_of(epoch)) {
+                Ok(checkpoint) => {
+                    // Said only when an older checkpoint stands in: otherwise the error says it.
+                    for e in &skipped {
+                        tracing::warn!("{e}; resuming from an older checkpoint");
+                    }
+                    return Ok(Some(checkpoint));
                 }
+                Err(e @ CheckpointError::Version { .. }) => return Err(e),
+                Err(e) => skipped.push(e),
             }
         }
-        newest_error.map_or(Ok(None), Err)
-    }
-
-    fn read<P: DeserializeOwned>(&self, epoch: u64) -> Result<Checkpoint<P>, CheckpointError> {
-        let path = self.path_of(epoch);
-        let bytes = fs::read(&path).map_err(|source| io(&path, source))?;
-        let body = checked_body(&bytes).ok_or_else(|| CheckpointError::Checksum { path: path.clone() })?;
-        #[derive(Deserialize)]
-        struct Header {
-            version: u32,
-        }
-        let format = |source| CheckpointError::Format {
-            path: path.clone(),
-            source,
-        };
-        let header: Header = serde_json::from_slice(body).map_err(format)?;
-        if header.version != CHECKPOINT_VERSION {
-            return Err(CheckpointError::Version {
-                path,
-                found: header.version,
-            });
-        }
-        let mut checkpoint: Checkpoint<P> = serde_json::from_slice(body).map_err(format)?;
-        checkpoint.learner.ensure_factors().map_err(|e| CheckpointError::Io {
-            path: path.clone(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        Ok(checkpoint)
+        skipped.into_iter().next().map_or(Ok(None), Err)
     }
 
     fn path_of(&self, epoch: u64) -> PathBuf {
@@ -162,6 +139,34 @@ impl CheckpointStore {
         epochs.sort_unstable();
         Ok(epochs)
     }
+}
+
+/// Reads and checks one checkpoint file, its factors rebuilt.
+pub fn read_checkpoint<P: DeserializeOwned>(path: &Path) -> Result<Checkpoint<P>, CheckpointError> {
+    let path = path.to_path_buf();
+    let bytes = fs::read(&path).map_err(|source| io(&path, source))?;
+    let body = checked_body(&bytes).ok_or_else(|| CheckpointError::Checksum { path: path.clone() })?;
+    #[derive(Deserialize)]
+    struct Header {
+        version: u32,
+    }
+    let format = |source| CheckpointError::Format {
+        path: path.clone(),
+        source,
+    };
+    let header: Header = serde_json::from_slice(body).map_err(format)?;
+    if header.version != CHECKPOINT_VERSION {
+        return Err(CheckpointError::Version {
+            path,
+            found: header.version,
+        });
+    }
+    let mut checkpoint: Checkpoint<P> = serde_json::from_slice(body).map_err(format)?;
+    checkpoint.learner.ensure_factors().map_err(|e| CheckpointError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(checkpoint)
 }
 
 /// Starts the last line of a checkpoint file: the CRC-32 of what precedes it.

@@ -33,7 +33,9 @@ mod partition_stage;
 pub mod record;
 mod reduce_stage;
 
-pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION};
+pub use checkpoint::{
+    read_checkpoint, Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION,
+};
 pub use delayed::delayed_labels;
 pub use learn::{GpOptions, GpStreams, LearnGp, Scoring};
 pub use record::{Prediction, Record, Rejected};

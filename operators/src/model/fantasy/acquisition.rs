@@ -98,7 +98,7 @@ impl Acquisition {
     fn needs(&self) -> &'static str {
         match self {
             Acquisition::Feasibility { .. } => "a Bernoulli model",
-            _ => "a model of real-valued or count outputs (one latent, not classes)",
+            _ => "a model of real-valued outputs (gaussian or student-t)",
         }
     }
 
@@ -216,8 +216,11 @@ fn unused(point: &[(&[f64], &[f64])]) -> Partials {
 /// Variances are floored here, so that `σ` and its derivative stay finite.
 const MIN_VAR: f64 = 1e-18;
 
+/// Whether `y` is `f` plus noise, so that a bound on `f` or its improvement
+/// speaks of `y` and a fantasy's label can be an incumbent (a Poisson
+/// model's latent is a log-rate, its labels counts).
 fn has_moments(lik: &Likelihood) -> bool {
-    lik.n_latent() == 1 && matches!(lik.predict(&[0.0], &[1.0]), Predictive::Moments { .. })
+    matches!(lik, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. })
 }
 
 /// `[EI, ∂/∂μ, ∂/∂v]`: with improvement `r = ±(incumbent − μ)` and `z = r/σ`,
