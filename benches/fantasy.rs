@@ -8,7 +8,10 @@
 //! to `target/bench-fantasy.json`.
 
 use std::hint::black_box;
-use std::path::Path;
+#[path = "support/criterion_results.rs"]
+mod criterion_results;
+
+use criterion_results::{criterion_dir, mean_ns};
 
 use criterion::{BenchmarkId, Criterion};
 use dualgp::model::dual::estep::e_step;
@@ -32,7 +35,14 @@ fn posterior(m: usize) -> (Conditioned, ChaCha8Rng) {
     let likelihood = Likelihood::Gaussian { variance: 0.01 };
     let mut post = DualPosterior::new(kernel, z, 1).unwrap();
     let mut sites = PointSites::zeros(500, 1);
-    e_step(&mut post, &likelihood, &data, &mut sites, &EStepConfig { steps: 1, rho: 1.0 }).unwrap();
+    e_step(
+        &mut post,
+        &likelihood,
+        &data,
+        &mut sites,
+        &EStepConfig { steps: 1, rho: 1.0 },
+    )
+    .unwrap();
     (Conditioned::new(&post, likelihood).unwrap(), rng)
 }
 
@@ -76,27 +86,25 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// Mean time in nanoseconds criterion recorded for one benchmark.
-fn mean_ns(dir: &Path, op: &str, m: usize) -> Option<f64> {
-    let path = dir.join("fantasy").join(op).join(m.to_string()).join("new/estimates.json");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    json["mean"]["point_estimate"].as_f64()
-}
-
 fn report() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../criterion");
+    let dir = criterion_dir();
     let mut rows = Vec::new();
     println!("\n| operation | m | d | mean | GFLOP/s |\n|---|---|---|---|---|");
     for m in SIZES {
-        let Some(ns) = mean_ns(&dir, "condition_one_point", m) else { continue };
+        let Some(ns) = mean_ns("fantasy", "condition_one_point", m) else {
+            continue;
+        };
         let gflops = conditioning_flops(m) / ns;
-        println!("| condition one point | {m} | {D} | {:.2} µs | {gflops:.2} |", ns * 1e-3);
+        println!(
+            "| condition one point | {m} | {D} | {:.2} µs | {gflops:.2} |",
+            ns * 1e-3
+        );
         rows.push(serde_json::json!({
             "operation": "condition_one_point", "m": m, "d": D, "seconds": ns * 1e-9,
             "flops": conditioning_flops(m), "gflops_per_second": gflops,
         }));
     }
-    if let Some(ns) = mean_ns(&dir, "propose_batch_of_3", 100) {
+    if let Some(ns) = mean_ns("fantasy", "propose_batch_of_3", 100) {
         println!("| propose a batch of 3 (EI) | 100 | {D} | {:.1} ms | |", ns * 1e-6);
         rows.push(serde_json::json!({"operation": "propose_batch_of_3", "m": 100, "d": D, "seconds": ns * 1e-9}));
     }

@@ -6,7 +6,10 @@
 //! a Markdown table and written to `target/bench-model.json`.
 
 use std::hint::black_box;
-use std::path::Path;
+#[path = "support/criterion_results.rs"]
+mod criterion_results;
+
+use criterion_results::{criterion_dir, mean_ns};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use dualgp::model::dual::estep::e_step;
@@ -78,24 +81,13 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// Mean time in nanoseconds criterion recorded for one benchmark.
-fn mean_ns(dir: &Path, op: &str, m: usize) -> Option<f64> {
-    let path = dir
-        .join("model")
-        .join(op)
-        .join(m.to_string())
-        .join("new/estimates.json");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    json["mean"]["point_estimate"].as_f64()
-}
-
 fn report() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../criterion");
+    let dir = criterion_dir();
     let mut rows = Vec::new();
     println!("\n| operation | m | records/s | GFLOP needed | GFLOP/s |\n|---|---|---|---|---|");
     for op in ["predict", "e_step", "m_step_gradient"] {
         for m in SIZES {
-            let Some(ns) = mean_ns(&dir, op, m) else { continue };
+            let Some(ns) = mean_ns("model", op, m) else { continue };
             let f = flops(op, m, BATCH);
             let records_per_s = BATCH as f64 / (ns * 1e-9);
             println!("| {op} | {m} | {records_per_s:.0} | {:.4} | {:.2} |", f * 1e-9, f / ns);
