@@ -131,6 +131,11 @@ const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
 /// which the M-step then climbs. (A
 /// Student-t message may truly curve down somewhere; this drops that too.)
 fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
+    // Entries below the rounding of the largest are zero to the eigensolver's
+    // own precision; nalgebra's returns NaN on a few matrices of such
+    // entries (1e−160 beside 1, as sites far from every point leave them).
+    let negligible = f64::EPSILON * a.amax();
+    let a = a.map(|v| if v.abs() < negligible { 0.0 } else { v });
     let mut eigen = a.symmetric_eigen();
     eigen.eigenvalues.apply(|v| *v = v.max(0.0));
     let mut a = eigen.recompose();
@@ -155,6 +160,20 @@ mod tests {
             l: DVector::from_fn(lambda.nrows(), |i, _| (i as f64 * 0.9).sin()),
             lambda,
         }
+    }
+
+    #[test]
+    fn negative_curvature_is_removed_from_matrices_whose_eigensolver_would_return_nan() {
+        // diag(1, 0, 0, 0) and off-diagonal entries near 1e−160: nalgebra's
+        // symmetric_eigen gives NaN on it as it is.
+        let a = DMatrix::from_fn(4, 4, |i, j| match (i, j) {
+            (0, 0) => 1.0,
+            _ if i == j => 0.0,
+            _ => 1e-160 * (1 + i + j) as f64,
+        });
+        let cleaned = without_negative_curvature(a.clone());
+        assert!(cleaned.iter().all(|v| v.is_finite()), "{cleaned}");
+        assert!(max_abs_diff(&cleaned, &a) <= f64::EPSILON, "{cleaned}");
     }
 
     fn max_abs_diff(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {

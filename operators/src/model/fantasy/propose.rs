@@ -152,11 +152,14 @@ pub fn propose_batch(
         };
         let row = |i: usize| candidates.row(i).iter().copied().collect::<Vec<f64>>();
         let chosen = match search {
-            Search::Pool(_) => Proposal {
-                x: row(best),
-                acquisition: values[best],
-                row: Some(best),
-            },
+            Search::Pool(_) => {
+                taken[best] = true;
+                Proposal {
+                    x: row(best),
+                    acquisition: values[best],
+                    row: Some(best),
+                }
+            }
             Search::Box {
                 bounds, starts, steps, ..
             } => {
@@ -177,7 +180,6 @@ pub fn propose_batch(
                 }
             }
         };
-        taken[best] |= chosen.row.is_some();
         for (p, model) in models.iter_mut().enumerate() {
             let at = model.point_marginals(&chosen.x);
             let (site, label) = fantasy_site(likelihoods[p], &at.mean, &at.var, fantasy, rng);
