@@ -100,7 +100,7 @@ fn exact_gp(x: &DMatrix<f64>, y: &[f64], x_star: &DMatrix<f64>) -> (DVector<f64>
 }
 
 #[test]
-fn where_the_inducing_inputs_cover_every_point_conditioning_is_exact_gp_regression() {
+fn where_the_inducing_inputs_cover_or_grow_to_every_point_conditioning_is_exact_gp_regression() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     let (x, fantasy, x_star) = (
         uniform(&mut rng, 12, 2, 2.0),
@@ -110,23 +110,48 @@ fn where_the_inducing_inputs_cover_every_point_conditioning_is_exact_gp_regressi
     let y: Vec<f64> = x.row_iter().map(|r| (2.0 * r[0]).cos() - r[1]).collect();
     let y_fantasy = [0.5, -0.3, 1.1];
     let all_x = DMatrix::from_rows(&x.row_iter().chain(fantasy.row_iter()).collect::<Vec<_>>());
-    let mut sparse = observed(&all_x, &gaussian(), &x, &y);
+    // Z covers the data and the fantasies; or only the data, and the
+    // fantasies' inputs join it as they come.
+    let mut covering = observed(&all_x, &gaussian(), &x, &y);
+    let prior = DualPosterior::new(common::kernel(), x.clone(), 1).unwrap();
+    let mut growing = Conditioned::growing(&prior, gaussian()).unwrap();
+    for (xi, &yi) in rows(&x).iter().zip(&y) {
+        let at = growing.point_marginals(xi);
+        let site = Site::observed(&gaussian(), &at.mean, &at.var, yi);
+        growing.condition(xi, &site).unwrap();
+    }
+    let mut fixed = Conditioned::new(&growing.posterior().unwrap(), gaussian()).unwrap();
     let mut exact = ExactGp::new(common::kernel(), NOISE, x.clone(), DVector::from_vec(y.clone())).unwrap();
     for (xi, &yi) in rows(&fantasy).iter().zip(&y_fantasy) {
-        for model in [&mut sparse as &mut dyn Surrogate, &mut exact] {
+        for model in [
+            &mut covering as &mut dyn Surrogate,
+            &mut growing,
+            &mut fixed,
+            &mut exact,
+        ] {
             let at = model.point_marginals(xi);
-            model
-                .condition(xi, &Site::observed(&gaussian(), &at.mean, &at.var, yi))
-                .unwrap();
+            let site = Site::observed(&gaussian(), &at.mean, &at.var, yi);
+            model.condition(xi, &site).unwrap();
         }
     }
     let all_y: Vec<f64> = y.iter().chain(&y_fantasy).copied().collect();
     let (mean, var) = exact_gp(&all_x, &all_y, &x_star);
-    for (what, model) in [("sparse", &sparse as &dyn Surrogate), ("exact", &exact)] {
-        let got = model.marginals(&x_star);
+    let mut checked: Vec<(&str, _)> = [
+        ("covering", &covering as &dyn Surrogate),
+        ("growing", &growing),
+        ("exact", &exact),
+    ]
+    .into_iter()
+    .map(|(what, model)| (what, model.marginals(&x_star)))
+    .collect();
+    checked.push(("growing's totals", growing.posterior().unwrap().predict_f(&x_star)));
+    for (what, got) in checked {
         assert_close(&got.mean.column(0).into_owned(), &mean, 1e-5, &format!("{what} mean"));
         assert_close(&got.var.column(0).into_owned(), &var, 1e-5, &format!("{what} variance"));
     }
+    // With Z held at the data, a fantasy sees only its projection on Z.
+    let held = fixed.marginals(&x_star).var.column(0).into_owned();
+    assert!((held - &var).amax() > 1e-3, "Z held at the data conditioned exactly");
 }
 
 /// A model with some data: Gaussian regression, or classes labelled by sign.

@@ -373,7 +373,7 @@ fn learn(
 
 /// Algorithm 2 on the standardised scale, the points mapped back.
 fn propose(fitted: &Fitted, args: &SuggestArgs) -> Result<Suggestion> {
-    let surrogate = Conditioned::new(&fitted.posterior, fitted.likelihood.clone())?;
+    let surrogate = Conditioned::growing(&fitted.posterior, fitted.likelihood.clone())?;
     let mut models: Vec<Box<dyn Surrogate>> = vec![Box::new(surrogate)];
     let search = Search::in_box(standardised(&args.bounds, &fitted.scaling));
     let fantasy = match args.fantasy {
