@@ -132,15 +132,28 @@ const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
 /// Student-t message may truly curve down somewhere; this drops that too.)
 fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
     // Entries below the rounding of the largest are zero to the eigensolver's
-    // own precision; nalgebra's returns NaN on a few matrices of such
-    // entries (1e−160 beside 1, as sites far from every point leave them).
+    // own precision. Rows with no other entry are eigenvectors already
+    // (e_i, with eigenvalue a_ii) and stay out of nalgebra's solver, which
+    // returns NaN on some matrices with zero rows (nalgebra issue 379) or
+    // entries of 1e−160 beside 1: inducing inputs far from the past's points
+    // leave both.
     let negligible = f64::EPSILON * a.amax();
     let a = a.map(|v| if v.abs() < negligible { 0.0 } else { v });
-    let mut eigen = a.symmetric_eigen();
-    eigen.eigenvalues.apply(|v| *v = v.max(0.0));
-    let mut a = eigen.recompose();
-    symmetrize(&mut a);
-    a
+    let n = a.nrows();
+    let coupled: Vec<usize> = (0..n).filter(|&i| (0..n).any(|j| j != i && a[(i, j)] != 0.0)).collect();
+    let mut out = DMatrix::from_diagonal(&a.diagonal().map(|v| v.max(0.0)));
+    if !coupled.is_empty() {
+        let mut eigen = a.select_rows(&coupled).select_columns(&coupled).symmetric_eigen();
+        eigen.eigenvalues.apply(|v| *v = v.max(0.0));
+        let block = eigen.recompose();
+        for (bi, &i) in coupled.iter().enumerate() {
+            for (bj, &j) in coupled.iter().enumerate() {
+                out[(i, j)] = block[(bi, bj)];
+            }
+        }
+    }
+    symmetrize(&mut out);
+    out
 }
 
 #[cfg(test)]
@@ -174,6 +187,38 @@ mod tests {
         let cleaned = without_negative_curvature(a.clone());
         assert!(cleaned.iter().all(|v| v.is_finite()), "{cleaned}");
         assert!(max_abs_diff(&cleaned, &a) <= f64::EPSILON, "{cleaned}");
+    }
+
+    #[test]
+    fn negative_curvature_is_removed_from_a_matrix_with_zero_rows() {
+        // A 44 × 44 principal block of a message's η̃₂ from a Bayesian
+        // optimisation run, its non-zero entries exactly: rows 5–17, 19–42
+        // are zero, and nalgebra's symmetric_eigen gives NaN on it as it is.
+        let entries = [
+            ((0, 0), 155.58587488931286),
+            ((0, 1), 10.021726359450751),
+            ((0, 2), 11.746840222511786),
+            ((0, 3), 22.45175345096957),
+            ((0, 18), -5.229150445984487e-14),
+            ((0, 43), 3.7692071686024065e-14),
+            ((1, 1), 6.09142095472368),
+            ((1, 2), 7.216936408378471),
+            ((1, 3), 13.793741284278687),
+            ((2, 2), 8.55281143860091),
+            ((2, 3), 16.34700122034153),
+            ((2, 4), 1.0169642905566434e-13),
+            ((3, 3), 31.244047739882593),
+            ((4, 4), 9.250378241176804e-13),
+        ];
+        let mut a = DMatrix::zeros(44, 44);
+        for ((i, j), v) in entries {
+            a[(i, j)] = v;
+            a[(j, i)] = v;
+        }
+        let cleaned = without_negative_curvature(a.clone());
+        assert!(cleaned.iter().all(|v| v.is_finite()), "{cleaned}");
+        // a is positive semi-definite to rounding: cleaning leaves it.
+        assert!(max_abs_diff(&cleaned, &a) <= 1e-12, "{}", max_abs_diff(&cleaned, &a));
     }
 
     fn max_abs_diff(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
