@@ -257,3 +257,75 @@ fn draw_key<DB: DrawingBackend>(
     }
     Ok(())
 }
+
+/// One line of [`quartile_curves`]: a median and its quartiles at each `x`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    pub name: String,
+    pub x: Vec<f64>,
+    pub median: Vec<f64>,
+    pub lower: Vec<f64>,
+    pub upper: Vec<f64>,
+}
+
+/// Medians as lines over their interquartile bands (experiments over seeds),
+/// `y` on a log scale if `log_y`, the key beside the plot.
+pub fn quartile_curves(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    log_y: bool,
+    curves: &[Curve],
+) -> Result<()> {
+    let root = SVGBackend::new(path, (1000, 460)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let (plot, key) = root.split_horizontally(720);
+    let scale = |v: f64| if log_y { v.max(1e-12).log10() } else { v };
+    let xs = range(curves.iter().flat_map(|c| c.x.iter().copied()));
+    let ys = range(
+        curves
+            .iter()
+            .flat_map(|c| c.lower.iter().chain(&c.upper).map(|&v| scale(v))),
+    );
+    let y_label = if log_y {
+        format!("{y_label} (log10)")
+    } else {
+        y_label.to_string()
+    };
+    let mut chart = ChartBuilder::on(&plot)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(xs, ys)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(plot_error)?;
+    let mut entries = Vec::new();
+    for (k, curve) in curves.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let band: Vec<(f64, f64)> = curve
+            .x
+            .iter()
+            .zip(&curve.upper)
+            .map(|(&x, &v)| (x, scale(v)))
+            .chain(curve.x.iter().zip(&curve.lower).rev().map(|(&x, &v)| (x, scale(v))))
+            .collect();
+        chart
+            .draw_series(std::iter::once(Polygon::new(band, color.mix(0.15).filled())))
+            .map_err(plot_error)?;
+        let line = curve.x.iter().zip(&curve.median).map(|(&x, &v)| (x, scale(v)));
+        chart
+            .draw_series(LineSeries::new(line, color.stroke_width(2)))
+            .map_err(plot_error)?;
+        entries.push((curve.name.clone(), Mark::Line(color)));
+    }
+    draw_key(&key, &entries)?;
+    root.present().map_err(plot_error)
+}
