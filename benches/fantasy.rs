@@ -12,7 +12,7 @@ use std::hint::black_box;
 #[path = "support/criterion_results.rs"]
 mod criterion_results;
 
-use criterion_results::{criterion_dir, mean_ns};
+use criterion_results::{mean_ns, write_report};
 
 use criterion::{BenchmarkId, Criterion};
 use dualgp::model::dual::estep::e_step;
@@ -99,7 +99,6 @@ fn bench(c: &mut Criterion) {
 }
 
 fn report() {
-    let dir = criterion_dir();
     let mut rows = Vec::new();
     println!("\n| operation | m | d | mean | GFLOP/s |\n|---|---|---|---|---|");
     for (op, name) in [
@@ -122,9 +121,7 @@ fn report() {
         println!("| propose a batch of 3 (EI) | 100 | {D} | {:.1} ms | |", ns * 1e-6);
         rows.push(serde_json::json!({"operation": "propose_batch_of_3", "m": 100, "d": D, "seconds": ns * 1e-9}));
     }
-    let out = dir.join("../bench-fantasy.json");
-    std::fs::write(&out, serde_json::to_string_pretty(&rows).unwrap()).unwrap();
-    println!("\nwritten to {}", out.display());
+    write_report("fantasy", &rows);
 }
 
 fn main() {

@@ -9,7 +9,7 @@ use std::hint::black_box;
 #[path = "support/criterion_results.rs"]
 mod criterion_results;
 
-use criterion_results::{criterion_dir, mean_ns};
+use criterion_results::{mean_ns, write_report};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use dualgp::model::dual::estep::e_step;
@@ -82,7 +82,6 @@ fn bench(c: &mut Criterion) {
 }
 
 fn report() {
-    let dir = criterion_dir();
     let mut rows = Vec::new();
     println!("\n| operation | m | records/s | GFLOP needed | GFLOP/s |\n|---|---|---|---|---|");
     for op in ["predict", "e_step", "m_step_gradient"] {
@@ -97,9 +96,7 @@ fn report() {
             }));
         }
     }
-    let out = dir.join("../bench-model.json");
-    std::fs::write(&out, serde_json::to_string_pretty(&rows).unwrap()).unwrap();
-    println!("\nwritten to {}", out.display());
+    write_report("model", &rows);
 }
 
 fn main() {

@@ -18,3 +18,11 @@ pub fn mean_ns(group: &str, op: &str, parameter: usize) -> Option<f64> {
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
     json["mean"]["point_estimate"].as_f64()
 }
+
+/// Writes `rows` as `target/bench-NAME.json` and says where.
+pub fn write_report(name: &str, rows: &[serde_json::Value]) {
+    let out = criterion_dir().join(format!("../bench-{name}.json"));
+    std::fs::write(&out, serde_json::to_string_pretty(rows).expect("JSON values serialise"))
+        .expect("target/ is writable");
+    println!("\nwritten to {}", out.display());
+}
