@@ -165,12 +165,13 @@ fn rows(x: &DMatrix<f64>) -> Vec<Vec<f64>> {
     x.row_iter().map(|r| r.iter().copied().collect()).collect()
 }
 
+/// Points as the rows of a matrix.
+fn matrix(x: &[Vec<f64>]) -> DMatrix<f64> {
+    DMatrix::from_fn(x.len(), x.first().map_or(0, Vec::len), |i, j| x[i][j])
+}
+
 fn data(x: &[Vec<f64>], y: &[f64]) -> Result<Data> {
-    let d = x.first().map_or(0, Vec::len);
-    Ok(Data::new(
-        DMatrix::from_fn(x.len(), d, |i, j| x[i][j]),
-        DVector::from_column_slice(y),
-    )?)
+    Ok(Data::new(matrix(x), DVector::from_column_slice(y))?)
 }
 
 /// Simple regret after each evaluation from the 24th on: the best feasible
@@ -237,12 +238,7 @@ fn optimise(
                         bail!("the regression model is Gaussian")
                     };
                     let targets = DVector::from_iterator(y.len(), y.iter().map(|&v| scaled(v)));
-                    Box::new(ExactGp::new(
-                        post.kernel.clone(),
-                        variance,
-                        data(&x, &y)?.x().clone(),
-                        targets,
-                    )?)
+                    Box::new(ExactGp::new(post.kernel.clone(), variance, matrix(&x), targets)?)
                 }
                 Chooser::DualGrowing => Box::new(Conditioned::growing(post, regression.likelihood().clone())?),
                 _ => Box::new(Conditioned::new(post, regression.likelihood().clone())?),

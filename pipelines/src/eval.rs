@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{ColumnSpec, Table};
 use dualgp_operators::model::dual::objective::named_hyperparameters;
-use dualgp_operators::model::{fit_offline, Data, Likelihood, Metrics, OfflineConfig, StreamingLearner};
+use dualgp_operators::model::{Data, Likelihood, Metrics, StreamingLearner};
 use serde::Serialize;
 
 use crate::model_args::{check_workers, Method, ModelArgs};
@@ -145,13 +145,8 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     let mut total = 0.0;
     let (final_metrics, final_by_task, hyperparameters) = match args.method {
         streaming @ (Method::DualMemory | Method::Osgpr) => {
-            // The reference keeps Z at the first m train rows (both learners share m).
-            let first_rows = settings.z_first_rows.then(|| {
-                train
-                    .x()
-                    .rows(0, settings.sequential.inducing.min(train.n()))
-                    .into_owned()
-            });
+            // Both learners share m.
+            let first_rows = settings.first_inducing(train.x());
             let mut learner = settings.streaming_learner(streaming, kernel, likelihood.clone(), first_rows)?;
             let metrics = stream(
                 learner.as_mut(),
@@ -167,17 +162,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         }
         Method::Offline => {
             let started = Instant::now();
-            let m = settings.sequential.inducing;
-            let model = fit_offline(
-                kernel,
-                likelihood.clone(),
-                &train,
-                m,
-                &OfflineConfig {
-                    pivot: settings.sequential.pivot,
-                    ..OfflineConfig::default()
-                },
-            )?;
+            let model = settings.fit_offline(kernel, likelihood.clone(), &train)?;
             total = started.elapsed().as_secs_f64();
             let score = |t: &Data| {
                 Ok(dualgp_operators::model::evaluate(

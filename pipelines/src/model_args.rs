@@ -4,8 +4,9 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
-    EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, Optimizer, OsgprConfig, OsgprInducing,
-    OsgprLearner, PastInMStep, Pivot, SequentialConfig, SequentialLearner, StreamingLearner,
+    fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OfflineConfig,
+    OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot, SequentialConfig,
+    SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use serde::Deserialize;
@@ -481,6 +482,30 @@ impl Settings {
             }
             Method::Offline => bail!("--method offline learns all data at once, not a stream"),
         })
+    }
+
+    /// `--method offline`: the offline trainer on all of `data`, with the
+    /// learners' number of inducing inputs and pivot.
+    pub fn fit_offline(&self, kernel: Kernel, likelihood: Likelihood, data: &Data) -> Result<OfflineModel> {
+        let config = OfflineConfig {
+            pivot: self.sequential.pivot,
+            ..OfflineConfig::default()
+        };
+        Ok(fit_offline(
+            kernel,
+            likelihood,
+            data,
+            self.sequential.inducing,
+            &config,
+        )?)
+    }
+
+    /// The inducing inputs a learner starts from: the first `m` rows of `x`
+    /// with the reference preset (as its reference code keeps them), else
+    /// none (the learner chooses).
+    pub fn first_inducing(&self, x: &DMatrix<f64>) -> Option<DMatrix<f64>> {
+        self.z_first_rows
+            .then(|| x.rows(0, self.sequential.inducing.min(x.nrows())).into_owned())
     }
 
     /// The likelihood to learn with: a Gaussian starts at the settings' noise.

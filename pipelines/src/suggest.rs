@@ -15,9 +15,7 @@ use clap::{ArgGroup, Args, ValueEnum};
 use dualgp_connectors::{ColumnSpec, Table};
 use dualgp_operators::dataflow::CheckpointStore;
 use dualgp_operators::model::fantasy::{propose_batch, Acquisition, Conditioned, Fantasy, Search, Surrogate};
-use dualgp_operators::model::{
-    fit_offline, Data, DualPosterior, Likelihood, ModelError, OfflineConfig, SequentialLearner, StreamingLearner,
-};
+use dualgp_operators::model::{Data, DualPosterior, Likelihood, ModelError, SequentialLearner, StreamingLearner};
 use nalgebra::DMatrix;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -353,19 +351,11 @@ fn learn(
     data: &Data,
 ) -> Result<(DualPosterior, Likelihood)> {
     let (kernel, likelihood) = (settings.kernel(data.d()), settings.likelihood(likelihood));
-    let m = settings.sequential.inducing;
     if method == Method::Offline {
-        let config = OfflineConfig {
-            pivot: settings.sequential.pivot,
-            ..OfflineConfig::default()
-        };
-        let model = fit_offline(kernel, likelihood, data, m, &config)?;
+        let model = settings.fit_offline(kernel, likelihood, data)?;
         return Ok((model.posterior, model.likelihood));
     }
-    // The reference preset keeps Z at the first m rows, as `eval` does.
-    let first_rows = settings
-        .z_first_rows
-        .then(|| data.x().rows(0, m.min(data.n())).into_owned());
+    let first_rows = settings.first_inducing(data.x());
     let mut learner = settings.streaming_learner(method, kernel, likelihood, first_rows)?;
     learner.learn_batch(data)?;
     Ok((learner.fitted()?.clone(), learner.likelihood().clone()))

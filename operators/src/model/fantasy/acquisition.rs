@@ -105,22 +105,22 @@ impl Acquisition {
     /// The value at every row the models' marginals were computed at.
     pub fn values(&self, likelihoods: &[&Likelihood], marginals: &[Marginals]) -> Vec<f64> {
         let n = marginals.first().map_or(0, |m| m.mean.nrows());
-        let rows: Vec<Vec<(Vec<f64>, Vec<f64>)>> = marginals
+        // One row's latent means and variances per model, reused row to row.
+        let mut rows: Vec<(Vec<f64>, Vec<f64>)> = marginals
             .iter()
-            .map(|m| {
-                (0..n)
-                    .map(|i| {
-                        (
-                            m.mean.row(i).iter().copied().collect(),
-                            m.var.row(i).iter().copied().collect(),
-                        )
-                    })
-                    .collect()
-            })
+            .map(|m| (vec![0.0; m.mean.ncols()], vec![0.0; m.var.ncols()]))
             .collect();
         (0..n)
             .map(|i| {
-                let point: Vec<(&[f64], &[f64])> = rows.iter().map(|r| (&r[i].0[..], &r[i].1[..])).collect();
+                for ((mean, var), m) in rows.iter_mut().zip(marginals) {
+                    mean.iter_mut()
+                        .zip(m.mean.row(i).iter())
+                        .for_each(|(to, from)| *to = *from);
+                    var.iter_mut()
+                        .zip(m.var.row(i).iter())
+                        .for_each(|(to, from)| *to = *from);
+                }
+                let point: Vec<(&[f64], &[f64])> = rows.iter().map(|(m, v)| (&m[..], &v[..])).collect();
                 self.partials(likelihoods, &point, false).value
             })
             .collect()
@@ -242,12 +242,7 @@ fn entropy_one_latent(lik: &Likelihood, mean: f64, var: f64) -> Option<[f64; 3]>
             let Predictive::Moments { var: var_y, .. } = lik.predict(&[mean], &[var]) else {
                 return None;
             };
-            let var_y = var_y.max(MIN_VAR);
-            Some([
-                0.5 * (2.0 * std::f64::consts::PI * std::f64::consts::E * var_y).ln(),
-                0.0,
-                0.5 / var_y,
-            ])
+            Some([gaussian_entropy(var_y), 0.0, 0.5 / var_y.max(MIN_VAR)])
         }
         Likelihood::Bernoulli { .. } => {
             let [p, dp_mean, dp_var] = lik.prob_one_and_grads(mean, var)?;
@@ -262,11 +257,14 @@ fn entropy_one_latent(lik: &Likelihood, mean: f64, var: f64) -> Option<[f64; 3]>
 /// The entropy of the predictive distribution of `y`.
 fn entropy(lik: &Likelihood, mean: &[f64], var: &[f64]) -> f64 {
     match lik.predict(mean, var) {
-        Predictive::Moments { var, .. } => {
-            0.5 * (2.0 * std::f64::consts::PI * std::f64::consts::E * var.max(MIN_VAR)).ln()
-        }
+        Predictive::Moments { var, .. } => gaussian_entropy(var),
         Predictive::Classes(p) => -p.iter().filter(|&&p| p > 0.0).map(|p| p * p.ln()).sum::<f64>(),
     }
+}
+
+/// `½ log(2πe v)`.
+fn gaussian_entropy(var: f64) -> f64 {
+    0.5 * (2.0 * std::f64::consts::PI * std::f64::consts::E * var.max(MIN_VAR)).ln()
 }
 
 /// `∂f/∂μ_c` and `∂f/∂v_c` by central differences, for predictives without

@@ -21,7 +21,7 @@ use super::{PointMarginals, Site, Surrogate};
 use crate::model::dual::posterior::{DualPosterior, Marginals};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
-use crate::model::math::linalg::column_sq_norms;
+use crate::model::math::linalg::{column_sq_norms, solve_lower_matrix_in_place};
 
 /// A site added at a point, by its whitened kernel column (over the `Z` of
 /// that moment: the coordinates added later do not see it).
@@ -94,11 +94,6 @@ impl Conditioned {
         })
     }
 
-    /// Fantasy sites so far.
-    pub fn fantasies(&self) -> usize {
-        self.added.len()
-    }
-
     /// The posterior over the current `Z` with the fantasy sites added to its
     /// whitened totals (a rank-k update of `P`; over added inducing inputs
     /// the base's totals are zero), as a learner's posterior would hold them.
@@ -140,8 +135,8 @@ impl Conditioned {
 
     /// `A = L⁻¹K(Z, X)` and `k(x, x)` at every row of `x`.
     fn whitened_columns(&self, x: &DMatrix<f64>) -> (DMatrix<f64>, DVector<f64>) {
-        let k = self.base.kernel.matrix(&self.z, x);
-        let a = self.l.solve_lower_triangular(&k).expect(POSITIVE_DIAGONAL);
+        let mut a = self.base.kernel.matrix(&self.z, x);
+        solve_lower_matrix_in_place(&self.l, &mut a);
         (a, self.base.kernel.diag(x))
     }
 

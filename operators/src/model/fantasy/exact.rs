@@ -10,7 +10,7 @@ use crate::model::dual::posterior::Marginals;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::kernel::Kernel;
-use crate::model::math::linalg::cholesky_jittered;
+use crate::model::math::linalg::{cholesky_jittered, column_sq_norms, solve_lower_in_place};
 
 #[derive(Debug, Clone)]
 pub struct ExactGp {
@@ -63,7 +63,7 @@ impl ExactGp {
     }
 
     /// Training points, fantasies included.
-    pub fn n(&self) -> usize {
+    fn n(&self) -> usize {
         self.y.len()
     }
 }
@@ -80,12 +80,9 @@ impl Surrogate for ExactGp {
     fn marginals(&self, x: &DMatrix<f64>) -> Marginals {
         let k = self.kernel.matrix(&self.x, x);
         let mean = k.tr_mul(&self.alpha);
-        let half = self
-            .chol
-            .l()
-            .solve_lower_triangular(&k)
-            .expect("a Cholesky factor has a positive diagonal");
-        let var = self.kernel.diag(x) - DVector::from_iterator(x.nrows(), half.column_iter().map(|c| c.norm_squared()));
+        let mut half = k.clone();
+        solve_lower_in_place(&self.chol, &mut half);
+        let var = self.kernel.diag(x) - column_sq_norms(&half);
         Marginals {
             mean: DMatrix::from_column_slice(x.nrows(), 1, mean.as_slice()),
             var: DMatrix::from_column_slice(x.nrows(), 1, var.as_slice()),

@@ -710,6 +710,41 @@ mod tests {
     }
 
     #[test]
+    fn diag_input_grad_matches_finite_differences() {
+        let x = [0.4, -1.3, 0.9];
+        let mut kernels = all_kernels();
+        // Where k(x, x) depends on x: a linear part inside a product and a sum.
+        kernels.push(Kernel::Product(vec![
+            Kernel::Linear { variance: 0.7 },
+            ard(Family::Matern52),
+            Kernel::Linear { variance: 1.1 },
+        ]));
+        kernels.push(Kernel::Sum(vec![
+            Kernel::Product(vec![
+                Kernel::Linear { variance: 0.5 },
+                Kernel::Constant { variance: 2.0 },
+            ]),
+            Kernel::Linear { variance: 0.3 },
+        ]));
+        let h = 1e-6;
+        for kernel in kernels {
+            let analytic = kernel.diag_input_grad(&x);
+            for k in 0..x.len() {
+                let (mut plus, mut minus) = (x, x);
+                plus[k] += h;
+                minus[k] -= h;
+                let diag = |p: &[f64]| kernel.diag(&DMatrix::from_row_slice(1, 3, p))[0];
+                let numeric = (diag(&plus) - diag(&minus)) / (2.0 * h);
+                assert!(
+                    (analytic[k] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
+                    "{kernel:?} ∂k(x,x)/∂x[{k}]: {} vs {numeric}",
+                    analytic[k]
+                );
+            }
+        }
+    }
+
+    #[test]
     fn diag_grad_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         let (a, _) = inputs(&mut rng);

@@ -46,6 +46,12 @@ pub fn solve_lower_in_place(chol: &Cholesky<f64, Dyn>, b: &mut DMatrix<f64>) {
     solve_lower_blocked(chol.l_dirty().as_view(), b.as_view_mut());
 }
 
+/// `L⁻¹ B` for a lower-triangular `L` held as a matrix (a factor grown by
+/// hand, not a `Cholesky`), in place.
+pub fn solve_lower_matrix_in_place(l: &DMatrix<f64>, b: &mut DMatrix<f64>) {
+    solve_lower_blocked(l.as_view(), b.as_view_mut());
+}
+
 /// Below this order the triangular solve runs column by column.
 const SOLVE_BLOCK: usize = 16;
 
