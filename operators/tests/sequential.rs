@@ -309,8 +309,8 @@ fn se(log_theta: &[f64], a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
     })
 }
 
-fn collapsed_bound(data: &Data, z: &DMatrix<f64>, log_theta: &[f64], jitter: f64) -> f64 {
-    collapsed_bound_after(None, data, z, log_theta, jitter)
+fn collapsed_bound(data: &Data, z: &DMatrix<f64>, log_theta: &[f64], relative_jitter: f64) -> f64 {
+    collapsed_bound_after(None, data, z, log_theta, relative_jitter)
 }
 
 /// Titsias's collapsed bound on `data` under `log_theta`, with `past` (data
@@ -323,11 +323,12 @@ fn collapsed_bound_after(
     data: &Data,
     z: &DMatrix<f64>,
     log_theta: &[f64],
-    jitter: f64,
+    relative_jitter: f64,
 ) -> f64 {
     let m = z.nrows();
     let noise = log_theta[2].exp();
-    let k_of = |t: &[f64]| se(t, z, z) + DMatrix::identity(m, m) * jitter;
+    // The jitter is a fixed fraction of the kernel's variance, as the learner keeps it.
+    let k_of = |t: &[f64]| se(t, z, z) + DMatrix::identity(m, m) * (relative_jitter * t[0].exp());
     let k = k_of(log_theta);
     // Rows of A (inputs to u), targets and noise of every observation, past first.
     let a_now = k
@@ -415,6 +416,12 @@ fn relearning(z: &DMatrix<f64>, m_steps: usize, past_in_m_step: PastInMStep) -> 
         .unwrap()
 }
 
+/// The learner's jitter as a fraction of its kernel's variance.
+fn relative_jitter(learner: &SequentialLearner) -> f64 {
+    let post = learner.posterior().unwrap();
+    post.jitter / post.kernel.prior_variance()
+}
+
 /// The learner's hyperparameters improve `bound` on [`START`] and sit at its stationary point.
 fn assert_at_stationary_point(learner: &SequentialLearner, bound: impl Fn(&[f64]) -> f64) {
     let learned: Vec<f64> = learner.hyperparameters().iter().map(|(_, v)| v.ln()).collect();
@@ -434,7 +441,7 @@ fn a_relearning_m_step_reaches_a_stationary_point_of_the_collapsed_bound() {
     let z = data.x().rows(0, 40).into_owned();
     let mut learner = relearning(&z, 100, PastInMStep::ScaledMemory);
     learner.update(&data).unwrap();
-    let jitter = learner.posterior().unwrap().jitter;
+    let jitter = relative_jitter(&learner);
     assert_at_stationary_point(&learner, |t| collapsed_bound(&data, &z, t, jitter));
 }
 
@@ -451,7 +458,7 @@ fn with_past_data_as_its_message_the_m_step_reaches_the_online_collapsed_bound()
     learner.update(&first).unwrap();
     learner.config.m_steps = 100;
     learner.update(&second).unwrap();
-    let jitter = learner.posterior().unwrap().jitter;
+    let jitter = relative_jitter(&learner);
     assert_at_stationary_point(&learner, |t| {
         collapsed_bound_after(Some((&first, &START)), &second, &z, t, jitter)
     });

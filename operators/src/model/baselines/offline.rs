@@ -239,11 +239,13 @@ impl OfflineModel {
 
     fn set_params(&mut self, p: &DVector<f64>, with_z: bool) -> Result<()> {
         let n_theta = self.posterior.kernel.n_params() + self.likelihood.n_params();
+        let scale = self.posterior.kernel.prior_variance();
         set_hyperparameters(
             &mut self.posterior.kernel,
             &mut self.likelihood,
             &p.rows(0, n_theta).into_owned(),
         );
+        self.posterior.follow_kernel_scale(scale);
         if with_z {
             self.posterior.z.copy_from_slice(&p.as_slice()[n_theta..]);
         }

@@ -239,7 +239,8 @@ impl DataTerms {
                 + 0.5 * k_inv;
         }
         let kernel = &post.kernel;
-        let kernel_grad = self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k);
+        let kernel_grad =
+            self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k) + post.jitter_grad() * g_k.trace();
         let grad_z = self.grad_z.map(|g| {
             g + kernel.input_grad(&post.z, &post.z, &g_k) + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
         });

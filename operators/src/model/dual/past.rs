@@ -7,8 +7,10 @@
 
 use nalgebra::{DMatrix, DVector};
 
-use crate::model::dual::posterior::{keeping_message, DualPosterior, Sites};
-use crate::model::math::linalg::symmetrize;
+use crate::model::dual::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
+use crate::model::math::linalg::{
+    solve_lower_in_place, solve_lower_matrix_in_place, solve_lower_transposed_matrix_in_place, symmetrize,
+};
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
 /// Cholesky factor `L₀` of the `K₀` it was formed under (`η̃₁ = L₀ᵀη₁ =
@@ -72,15 +74,20 @@ impl PastMessage {
         for i in 0..k_aa.nrows() {
             k_aa[(i, i)] += post.jitter;
         }
-        let whiten_a = |m: &DMatrix<f64>| self.l0.solve_lower_triangular(m).expect(POSITIVE_DIAGONAL);
-        let g = factors
-            .chol_k
-            .l()
-            .solve_lower_triangular(&whiten_a(&cross).transpose())
-            .expect(POSITIVE_DIAGONAL)
-            .transpose();
+        let whiten_a = |m: &DMatrix<f64>| {
+            let mut m = m.clone();
+            solve_lower_matrix_in_place(&self.l0, &mut m);
+            m
+        };
+        let mut g = whiten_a(&cross).transpose();
+        solve_lower_in_place(&factors.chol_k, &mut g);
+        let g = g.transpose();
         let w = whiten_a(&whiten_a(&k_aa).transpose()) - &g * g.transpose();
-        let unwhiten = |v: &DMatrix<f64>| self.l0.transpose().solve_upper_triangular(v).expect(POSITIVE_DIAGONAL);
+        let unwhiten = |v: &DMatrix<f64>| {
+            let mut v = v.clone();
+            solve_lower_transposed_matrix_in_place(&self.l0, &mut v);
+            v
+        };
         let k_inv = factors.k_inv();
         let (mut g_ab, mut g_aa, mut g_bb) = (
             DMatrix::zeros(cross.nrows(), cross.ncols()),
@@ -91,11 +98,7 @@ impl PastMessage {
         for (c, eta) in self.eta.iter().enumerate() {
             value -= 0.5 * eta.lambda.component_mul(&w).sum();
             // u-space η₁ = L₀⁻ᵀη̃₁, η₂ = L₀⁻ᵀη̃₂L₀⁻¹; over u: l = K_uaη₁, Λ = K_uaη₂K_au.
-            let eta1 = self
-                .l0
-                .transpose()
-                .solve_upper_triangular(&eta.l)
-                .expect(POSITIVE_DIAGONAL);
+            let eta1 = self.l0.tr_solve_lower_triangular(&eta.l).expect(POSITIVE_DIAGONAL);
             let mut eta2 = unwhiten(&unwhiten(&eta.lambda).transpose());
             symmetrize(&mut eta2);
             let (w_c, r_inv) = (&factors.w[c], factors.r_inv(c));
@@ -113,9 +116,17 @@ impl PastMessage {
                 -(k_inv * residual) * w_c.transpose() + 0.5 * (&sym + sym.transpose()) - 0.5 * &k_inv_lambda * k_inv;
         }
         let kernel = &post.kernel;
+        // The jitter, on K_aa's and K's diagonals and where Z_a and Z share an input, follows θ.
+        let on_jitter = g_aa.trace()
+            + g_bb.trace()
+            + same_inducing_inputs(&self.z, &post.z)
+                .iter()
+                .map(|&ij| g_ab[ij])
+                .sum::<f64>();
         grad += kernel.matrix_grad(&self.z, &post.z, &g_ab)
             + kernel.matrix_grad(&self.z, &self.z, &g_aa)
-            + kernel.matrix_grad(&post.z, &post.z, &g_bb);
+            + kernel.matrix_grad(&post.z, &post.z, &g_bb)
+            + post.jitter_grad() * on_jitter;
         (value, grad)
     }
 }

@@ -18,7 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
 use crate::model::math::kernel::Kernel;
-use crate::model::math::linalg::{cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize};
+use crate::model::math::linalg::{
+    cholesky_inverse, cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, solve_lower_matrix_in_place,
+    solve_lower_transposed_in_place, symmetrize,
+};
 
 /// Default jitter, relative to the kernel's prior variance.
 pub const DEFAULT_RELATIVE_JITTER: f64 = 1e-6;
@@ -67,10 +70,24 @@ pub fn keeping_totals(from: &DMatrix<f64>, to: &Cholesky<f64, Dyn>) -> DMatrix<f
 /// `η = K⁻¹l`, `K⁻¹ΛK⁻¹` stay put. `cross` is `K(Z, Z')`; over the same `Z`
 /// it is `K'` itself and `T = L'ᵀL⁻ᵀ`.
 pub fn keeping_message(from: &DMatrix<f64>, cross: &DMatrix<f64>, to: &Cholesky<f64, Dyn>) -> DMatrix<f64> {
-    let g = from.solve_lower_triangular(cross).expect(POSITIVE_DIAGONAL);
+    let mut g = cross.clone();
+    solve_lower_matrix_in_place(from, &mut g);
     let mut t = g.transpose();
     solve_lower_in_place(to, &mut t);
     t
+}
+
+/// The pairs `(i, j)` with `z_a[i] = z_b[j]`, matched one to one in order.
+pub fn same_inducing_inputs(z_a: &DMatrix<f64>, z_b: &DMatrix<f64>) -> Vec<(usize, usize)> {
+    let mut matched = vec![false; z_b.nrows()];
+    let mut pairs = Vec::new();
+    for i in 0..z_a.nrows() {
+        if let Some(j) = (0..z_b.nrows()).find(|&j| !matched[j] && z_a.row(i) == z_b.row(j)) {
+            matched[j] = true;
+            pairs.push((i, j));
+        }
+    }
+    pairs
 }
 
 const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
@@ -124,17 +141,15 @@ impl Factors {
 
     fn inverses(&self) -> &Inverses {
         self.inverses.get_or_init(|| {
-            let l_t = self.chol_k.l().transpose();
             let r_inv = (0..self.chol_d.len())
                 .map(|c| {
                     // R⁻¹ = XXᵀ with X = L⁻ᵀ L_D⁻ᵀ.
-                    let x = l_t
-                        .solve_upper_triangular(&self.d_inv_half(c).transpose())
-                        .expect(POSITIVE_DIAGONAL);
+                    let mut x = self.d_inv_half(c).transpose();
+                    solve_lower_transposed_in_place(&self.chol_k, &mut x);
                     &x * x.transpose()
                 })
                 .collect();
-            Box::new((self.chol_k.inverse(), r_inv))
+            Box::new((cholesky_inverse(&self.chol_k), r_inv))
         })
     }
 }
@@ -189,7 +204,8 @@ pub struct DualPosterior {
     pub kernel: Kernel,
     /// Inducing inputs, `m × d`.
     pub z: DMatrix<f64>,
-    /// Added to `K(Z, Z)`; raised automatically when a factorisation fails.
+    /// Added to `K(Z, Z)`; raised automatically when a factorisation fails,
+    /// and scaled with the kernel's prior variance when `θ` moves.
     pub jitter: f64,
     /// The site totals whitened by `chol(K)`, one entry per latent function.
     pub whitened: Vec<Sites>,
@@ -259,12 +275,27 @@ impl DualPosterior {
         change: impl FnOnce(&mut Kernel, &mut DMatrix<f64>),
     ) -> Result<DMatrix<f64>> {
         let before = self.factors().chol_k.l();
+        let scale = self.kernel.prior_variance();
         change(&mut self.kernel, &mut self.z);
+        self.follow_kernel_scale(scale);
         let chol_k = self.factor_k()?;
         let t = keeping_totals(&before, &chol_k);
         self.transform_sites(&t);
         self.refresh_with(chol_k)?;
         Ok(t)
+    }
+
+    /// Keeps the jitter the same fraction of the prior variance after the
+    /// kernel changed from one whose prior variance was `before`. A fixed
+    /// jitter under a variance grown by 10⁴ leaves `K` conditioned 10⁴ times
+    /// worse, and the M-step gradient's `K⁻¹` products lose their digits.
+    pub fn follow_kernel_scale(&mut self, before: f64) {
+        self.jitter *= self.kernel.prior_variance() / before;
+    }
+
+    /// `∂ jitter / ∂ log θ` (the jitter follows the prior variance).
+    pub fn jitter_grad(&self) -> DVector<f64> {
+        self.kernel.log_prior_variance_grad() * self.jitter
     }
 
     /// Moves the inducing inputs to `z_new` (any number), re-expressing the
@@ -287,12 +318,8 @@ impl DualPosterior {
     /// repeated inputs are distinct variables).
     pub fn inducing_cross(&self, z_a: &DMatrix<f64>, z_b: &DMatrix<f64>) -> DMatrix<f64> {
         let mut cross = self.kernel.matrix(z_a, z_b);
-        let mut matched = vec![false; z_b.nrows()];
-        for i in 0..z_a.nrows() {
-            if let Some(j) = (0..z_b.nrows()).find(|&j| !matched[j] && z_a.row(i) == z_b.row(j)) {
-                matched[j] = true;
-                cross[(i, j)] += self.jitter;
-            }
+        for (i, j) in same_inducing_inputs(z_a, z_b) {
+            cross[(i, j)] += self.jitter;
         }
         cross
     }

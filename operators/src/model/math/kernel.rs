@@ -124,6 +124,29 @@ impl Kernel {
         }
     }
 
+    /// `∂ log v / ∂ log θ` of [`prior_variance`](Self::prior_variance) `v`,
+    /// in the order of [`Kernel::log_params`].
+    pub fn log_prior_variance_grad(&self) -> DVector<f64> {
+        match self {
+            Kernel::Stationary(s) => {
+                let mut grad = DVector::zeros(1 + s.lengthscales.len());
+                grad[0] = 1.0;
+                grad
+            }
+            Kernel::Constant { .. } | Kernel::Linear { .. } => DVector::from_element(1, 1.0),
+            // log Σ v_p: each part's share v_p / v of its own log-gradient.
+            Kernel::Sum(parts) => {
+                let total = self.prior_variance();
+                concat(
+                    parts
+                        .iter()
+                        .map(|p| p.log_prior_variance_grad() * (p.prior_variance() / total)),
+                )
+            }
+            Kernel::Product(parts) => concat(parts.iter().map(Kernel::log_prior_variance_grad)),
+        }
+    }
+
     /// `K(A, B)`, `|A| × |B|`, with points as rows.
     pub fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
         assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
