@@ -400,6 +400,8 @@ fn relearning(z: &DMatrix<f64>, m_steps: usize, past_in_m_step: PastInMStep) -> 
         inducing_policy: InducingPolicy::Fixed,
         e_step: EStepConfig { steps: 1, rho: 1.0 },
         m_steps,
+        // To the stationary point, not a tenth of a nat short of it.
+        m_tolerance: 0.0,
         relearn_in_m_step: true,
         past_in_m_step,
         optimizer: Optimizer::Lbfgs { history: 10 },

@@ -273,6 +273,7 @@ impl ModelArgs {
                     pivot: Pivot::Variance,
                     e_step: EStepConfig { steps: 4, rho: 0.8 },
                     m_steps: 30,
+                    m_tolerance: 0.1,
                     m_rounds: 1,
                     reexpress_old_data: true,
                     relearn_in_m_step: true,

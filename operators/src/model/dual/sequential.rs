@@ -63,6 +63,12 @@ pub struct SequentialConfig {
     /// Adam steps or L-BFGS iterations on the hyperparameters per round
     /// (0: hyperparameters fixed).
     pub m_steps: usize,
+    /// An L-BFGS iteration that gains less than this (nats of `F`) ends the
+    /// M-step: θ's likelihood is flat to well within a tenth of a nat, and
+    /// the tail of a search spends most of its evaluations on hundredths.
+    /// 0: to the iteration budget or until the progress vanishes.
+    #[serde(default = "tenth")]
+    pub m_tolerance: f64,
     /// M-step rounds per batch; between rounds the batch and the memory are
     /// re-learned under the new hyperparameters.
     #[serde(default = "one")]
@@ -106,6 +112,7 @@ impl Default for SequentialConfig {
             pivot: Pivot::Variance,
             e_step: EStepConfig::default(),
             m_steps: 20,
+            m_tolerance: tenth(),
             m_rounds: 1,
             reexpress_old_data: false,
             relearn_in_m_step: false,
@@ -137,6 +144,12 @@ impl SequentialConfig {
             }
             _ => {}
         }
+        if self.m_tolerance.is_nan() || self.m_tolerance < 0.0 {
+            return Err(ModelError::Config(format!(
+                "the M-step's tolerance {} must be 0 or more nats",
+                self.m_tolerance
+            )));
+        }
         if self.memory_control_variate && self.memory_sample {
             return Err(ModelError::Config(
                 "the memory is a control variate or a sample of the past, not both".into(),
@@ -154,6 +167,10 @@ impl SequentialConfig {
 
 fn one() -> usize {
     1
+}
+
+fn tenth() -> f64 {
+    0.1
 }
 
 /// What one update did.
@@ -551,7 +568,8 @@ impl SequentialLearner {
                 }
             }
             Optimizer::Lbfgs { history } => {
-                let mut search = Lbfgs::new(theta, self.config.m_steps, history);
+                let mut search =
+                    Lbfgs::new(theta, self.config.m_steps, history).with_tolerance(self.config.m_tolerance);
                 while let Some(theta) = search.next_point() {
                     let outcome = match self.set_hyperparameters(&theta.clone(), past.as_mut()) {
                         Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,

@@ -97,6 +97,8 @@ pub struct Lbfgs {
     fx: f64,
     gx: DVector<f64>,
     pairs: Vec<(DVector<f64>, DVector<f64>, f64)>,
+    /// An iteration that gains less than this ends the search.
+    tolerance: f64,
     /// The line search under way; `None` once finished.
     trial: Option<Trial>,
 }
@@ -125,8 +127,16 @@ impl Lbfgs {
             fx: f64::NAN,
             gx: DVector::zeros(0),
             pairs: Vec::new(),
+            tolerance: 0.0,
             trial: None,
         }
+    }
+
+    /// Ends the search once an iteration gains less than `tolerance` in `f`
+    /// (as well as when the progress vanishes relative to `f`).
+    pub fn with_tolerance(mut self, tolerance: f64) -> Self {
+        self.tolerance = tolerance;
+        self
     }
 
     /// Where the objective is wanted next; `None` when the search is over.
@@ -175,7 +185,7 @@ impl Lbfgs {
         self.fx = f_new;
         self.gx = g_new;
         self.iterations += 1;
-        if progress.abs() > 1e-10 * self.fx.abs().max(1.0) {
+        if progress.abs() > (1e-10 * self.fx.abs().max(1.0)).max(self.tolerance) {
             self.plan();
         }
         Ok(())
@@ -250,6 +260,28 @@ mod tests {
         let (x, fx) = lbfgs_maximize(quadratic, DVector::zeros(3), 100, 10).unwrap();
         assert!((&x - DVector::from_vec(vec![1.0, -2.0, 0.5])).amax() < 1e-6, "{x}");
         assert!(fx.abs() < 1e-10);
+    }
+
+    #[test]
+    fn a_tolerance_ends_the_search_at_the_first_iteration_that_gains_less() {
+        let accepted_values = |tolerance: f64| {
+            let mut search = Lbfgs::new(DVector::from_element(3, 10.0), 100, 10).with_tolerance(tolerance);
+            let mut values: Vec<f64> = Vec::new();
+            while let Some(x) = search.next_point() {
+                let outcome = quadratic(&x.clone());
+                search.tell(outcome).unwrap();
+                let value = search.best().1;
+                if values.last() != Some(&value) {
+                    values.push(value);
+                }
+            }
+            values
+        };
+        let (loose, tight) = (accepted_values(1.0), accepted_values(0.0));
+        let gains: Vec<f64> = loose.windows(2).map(|w| w[1] - w[0]).collect();
+        let (last, before) = gains.split_last().unwrap();
+        assert!(before.iter().all(|&g| g >= 1.0) && *last < 1.0, "{gains:?}");
+        assert!(loose.len() < tight.len(), "{} against {}", loose.len(), tight.len());
     }
 
     #[test]
