@@ -15,3 +15,4 @@ pub mod replay;
 pub mod report;
 pub mod serve;
 pub mod suggest;
+mod wiring;

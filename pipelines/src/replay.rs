@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -21,17 +21,17 @@ use dualgp_connectors::{
     ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochPart, EpochRule, Origin, ParquetPosition,
     ParquetSource, ParquetSourceConfig, PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
 };
-use dualgp_operators::dataflow::{GpOptions, GpStreams, LearnGp, ModelUpdate, Prediction, Record, Rejected, Scoring};
+use dualgp_operators::dataflow::{GpOptions, GpStreams, ModelUpdate, Prediction, Record, Rejected, Scoring};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
-use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 use timely::dataflow::operators::{Exchange, Input, Inspect, Probe};
-use timely::dataflow::{InputHandleVec, ProbeHandle, StreamVec};
+use timely::dataflow::{InputHandleVec, ProbeHandle, Scope, StreamVec};
 use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
-use crate::model_args::{ModelArgs, Settings};
+use crate::model_args::ModelArgs;
 use crate::protocol::Standardizer;
+use crate::wiring::{self, fresh_learner, Ends, Start};
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
@@ -191,10 +191,8 @@ impl Gathered {
 struct Plan {
     data: PathBuf,
     source: ParquetSourceConfig,
-    learner: SequentialLearner,
-    options: GpOptions,
+    start: Start,
     scaling: Standardizer,
-    epochs_in_flight: u64,
 }
 
 /// What worker 0 ends with: what it gathered, and the sinks it wrote to.
@@ -221,7 +219,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
     };
     let (first, d, n_epochs) = first_epoch(&args.data, &source)?;
     let scaling = Standardizer::fit_records(&first, d, &likelihood);
-    let learner = starting_learner(&settings, likelihood.clone(), &first, &scaling)?;
+    let learner = fresh_learner(&settings, likelihood.clone(), &first, &scaling)?;
     let sinks = match args.cluster.writes_outputs() {
         true => Some(Sinks::create(args, &likelihood, n_epochs, Box::new(progress))?),
         false => None,
@@ -229,13 +227,15 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
     let plan = Plan {
         data: args.data.clone(),
         source,
-        learner,
-        options: GpOptions {
-            scoring: args.scoring,
-            ..GpOptions::new(d)
+        start: Start {
+            learner,
+            options: GpOptions {
+                scoring: args.scoring,
+                ..GpOptions::new(d)
+            },
+            epochs_in_flight: args.epochs_in_flight,
         },
         scaling: scaling.clone(),
-        epochs_in_flight: args.epochs_in_flight,
     };
 
     let started = Instant::now();
@@ -289,82 +289,134 @@ pub fn elsewhere(args: &ReplayArgs) -> String {
     )
 }
 
-/// A fresh learner; with `z_first_rows`, its inducing inputs are the first
-/// epoch's first rows (standardised).
-fn starting_learner(
-    settings: &Settings,
-    likelihood: Likelihood,
-    first: &[Record],
-    scaling: &Standardizer,
-) -> Result<SequentialLearner> {
-    let d = scaling.x_mean.len();
-    let learner = SequentialLearner::new(
-        settings.kernel(d),
-        settings.likelihood(likelihood),
-        settings.sequential.clone(),
-    )?;
-    if !settings.z_first_rows || first.is_empty() {
-        return Ok(learner);
-    }
-    let m = settings.sequential.inducing.min(first.len());
-    let z = DMatrix::from_fn(m, d, |i, j| scaling.record(first[i].clone()).features[j]);
-    Ok(learner.with_inducing(z)?)
-}
-
 /// Runs `plan` on every worker of this process. Worker 0 (in process 0)
 /// takes `sinks` and hands them back with what it gathered; a worker that
 /// could not read its share fails the run here too.
 fn execute(config: timely::Config, plan: Plan, sinks: Option<Sinks>) -> Result<Option<Written>> {
     let handoff = Mutex::new(sinks);
-    let guards = timely::execute(config, move |worker| {
+    let ended = wiring::execute(config, move |worker| {
         let sinks = match worker.index() {
             0 => handoff.lock().unwrap_or_else(PoisonError::into_inner).take(),
             _ => None,
         };
-        replay_worker(worker, &plan, sinks)
-    })
-    .map_err(|e| anyhow::anyhow!("cannot start the workers: {e}"))?;
+        let mut ends = ParquetEnds::new(&plan, WorkerShare::new(worker.index(), worker.peers()), sinks);
+        wiring::run_worker(worker, &plan.start, &mut ends);
+        ends.finish()
+    })?;
     let mut written = None;
-    for result in guards.join() {
-        let ended = result.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
-        if let Some(w) = ended.map_err(|why| anyhow::anyhow!("{why}"))? {
+    for w in ended {
+        if let Some(w) = w.map_err(|why| anyhow::anyhow!("{why}"))? {
             written = Some(w);
         }
     }
     Ok(written)
 }
 
-/// One worker: reads its share of the file into the dataflow; worker 0, given
-/// `sinks`, also writes each epoch once all of it has reached it.
-fn replay_worker(worker: &mut Worker, plan: &Plan, mut sinks: Option<Sinks>) -> Result<Option<Written>, String> {
-    let gathered = Rc::new(RefCell::new(Gathered::default()));
-    let mut inputs = Inputs::default();
-    let probe = ProbeHandle::new();
-    worker.dataflow::<u64, _, _>(|scope| {
-        let gp = scope
-            .input_from(&mut inputs.records)
-            .learn_gp_with(None, plan.learner.clone(), plan.options);
-        let notes = scope.input_from(&mut inputs.notes);
-        gather_at_worker_zero(gp, notes, &gathered, &probe);
-    });
-    let mut flush = |probe: &ProbeHandle<u64>| {
-        if let Some(sinks) = sinks.as_mut() {
-            let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
-            write_done_epochs(&mut gathered.borrow_mut(), sinks, &plan.scaling, done);
+/// Replay's ends on one worker: its share of the file (its row groups) in;
+/// predictions, dead letters and labels to worker 0, which, given the sinks,
+/// writes each epoch once all of it has reached it.
+struct ParquetEnds<'p> {
+    plan: &'p Plan,
+    share: WorkerShare,
+    source: Option<ParquetSource>,
+    /// What worker 0 needs beside the records; `None` once closed.
+    notes: Option<InputHandleVec<u64, ReaderNote>>,
+    gathered: Rc<RefCell<Gathered>>,
+    sinks: Option<Sinks>,
+    /// Why this worker stopped reading before the end of its share.
+    failure: Option<String>,
+}
+
+impl<'p> ParquetEnds<'p> {
+    fn new(plan: &'p Plan, share: WorkerShare, sinks: Option<Sinks>) -> Self {
+        ParquetEnds {
+            plan,
+            share,
+            source: None,
+            notes: Some(InputHandleVec::new()),
+            gathered: Rc::default(),
+            sinks,
+            failure: None,
         }
-    };
-    let failure = read_share(worker, plan, &mut inputs, &probe, &mut flush).err();
-    if let Some(why) = &failure {
-        inputs.notes.send(ReaderNote::Failed(why.clone()));
     }
-    drop(inputs);
-    while worker.step_or_park(None) {
-        flush(&probe);
+
+    fn notes(&mut self) -> &mut InputHandleVec<u64, ReaderNote> {
+        self.notes.as_mut().expect("open until the records are")
     }
-    flush(&probe);
-    match failure {
-        Some(why) => Err(why),
-        None => Ok(sinks.map(|s| (gathered.take(), s))),
+
+    /// The next epoch of this worker's share; the file is opened at the first.
+    fn next_part(&mut self) -> Result<Option<EpochPart<ParquetPosition>>, String> {
+        let source = match &mut self.source {
+            Some(source) => source,
+            None => {
+                let opened = ParquetSource::open(&self.plan.data, &self.plan.source, self.share, None);
+                self.source.insert(opened.map_err(|e| e.to_string())?)
+            }
+        };
+        source.next_epoch().map_err(|e| e.to_string())
+    }
+
+    /// Sends one epoch's part: records standardised, the rest as notes.
+    fn send(&mut self, part: EpochPart<ParquetPosition>, records: &mut InputHandleVec<u64, Record>) {
+        let notes = self.notes.as_mut().expect("open until the records are");
+        for letter in &part.dead_letters {
+            notes.send(match serde_json::to_string(letter) {
+                Ok(json) => ReaderNote::DeadLetter {
+                    epoch: part.epoch,
+                    json,
+                },
+                Err(e) => ReaderNote::Failed(format!("cannot pass on a dead letter: {e}")),
+            });
+        }
+        for record in part.records {
+            if let Some(y) = record.label {
+                notes.send(ReaderNote::Label { id: record.id, y });
+            }
+            records.send(self.plan.scaling.record(record));
+        }
+        notes.advance_to(part.epoch + 1);
+    }
+
+    /// Worker 0's gatherings and sinks, or why this worker failed.
+    fn finish(self) -> Result<Option<Written>, String> {
+        match self.failure {
+            Some(why) => Err(why),
+            None => Ok(self.sinks.map(|s| (self.gathered.take(), s))),
+        }
+    }
+}
+
+impl Ends for ParquetEnds<'_> {
+    const PARK: Option<Duration> = None;
+
+    fn wire<'scope>(&mut self, scope: Scope<'scope, u64>, gp: GpStreams<'scope>, probe: &ProbeHandle<u64>) {
+        let notes = scope.input_from(self.notes());
+        gather_at_worker_zero(gp, notes, &self.gathered, probe);
+    }
+
+    fn read(&mut self, _: &mut Worker, records: &mut InputHandleVec<u64, Record>) -> Option<u64> {
+        let part = match self.next_part() {
+            Ok(part) => part?,
+            Err(why) => {
+                self.notes().send(ReaderNote::Failed(why.clone()));
+                self.failure = Some(why);
+                return None;
+            }
+        };
+        let epoch = part.epoch;
+        self.send(part, records);
+        Some(epoch)
+    }
+
+    fn settle(&mut self, probe: &ProbeHandle<u64>, _: bool) {
+        if let Some(sinks) = self.sinks.as_mut() {
+            let done = probe.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
+            write_done_epochs(&mut self.gathered.borrow_mut(), sinks, &self.plan.scaling, done);
+        }
+    }
+
+    fn close(&mut self, _: &mut Worker, _: &ProbeHandle<u64>) {
+        self.notes = None;
     }
 }
 
@@ -394,58 +446,6 @@ fn gather_at_worker_zero<'scope>(
     // Updates come from worker 0 already: it runs the reduction.
     let g = Rc::clone(gathered);
     gp.updates.inspect(move |u| g.borrow_mut().updated(u)).probe_with(probe);
-}
-
-/// A worker's inputs: its records, and what worker 0 needs beside them.
-#[derive(Default)]
-struct Inputs {
-    records: InputHandleVec<u64, Record>,
-    notes: InputHandleVec<u64, ReaderNote>,
-}
-
-impl Inputs {
-    /// Sends one epoch's part (records standardised) and closes the epoch.
-    fn send(&mut self, part: EpochPart<ParquetPosition>, scaling: &Standardizer) {
-        for letter in &part.dead_letters {
-            self.notes.send(match serde_json::to_string(letter) {
-                Ok(json) => ReaderNote::DeadLetter {
-                    epoch: part.epoch,
-                    json,
-                },
-                Err(e) => ReaderNote::Failed(format!("cannot pass on a dead letter: {e}")),
-            });
-        }
-        for record in part.records {
-            if let Some(y) = record.label {
-                self.notes.send(ReaderNote::Label { id: record.id, y });
-            }
-            self.records.send(scaling.record(record));
-        }
-        self.records.advance_to(part.epoch + 1);
-        self.notes.advance_to(part.epoch + 1);
-    }
-}
-
-/// Feeds this worker's share of the file (its row groups) into the
-/// dataflow, at most `epochs_in_flight` epochs ahead of the learner.
-fn read_share(
-    worker: &mut Worker,
-    plan: &Plan,
-    inputs: &mut Inputs,
-    probe: &ProbeHandle<u64>,
-    flush: &mut impl FnMut(&ProbeHandle<u64>),
-) -> Result<(), String> {
-    let share = WorkerShare::new(worker.index(), worker.peers());
-    let mut source = ParquetSource::open(&plan.data, &plan.source, share, None).map_err(|e| e.to_string())?;
-    while let Some(part) = source.next_epoch().map_err(|e| e.to_string())? {
-        let next = part.epoch + 1;
-        inputs.send(part, &plan.scaling);
-        while probe.less_than(&next.saturating_sub(plan.epochs_in_flight)) {
-            worker.step_or_park(None);
-            flush(probe);
-        }
-    }
-    Ok(())
 }
 
 /// The first epoch's valid records, the feature count and the number of

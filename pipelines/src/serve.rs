@@ -17,26 +17,30 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::kafka::{create_topic, dlq_topic, topic_partitions};
 use dualgp_connectors::{
-    ColumnMapping, DeadLetter, DeadLetterProducer, KafkaConnection, KafkaPosition, KafkaSource, KafkaSourceConfig,
-    PredictionProducer, StartOffset, WorkerShare,
+    ColumnMapping, DeadLetter, DeadLetterProducer, EpochPart, KafkaConnection, KafkaPosition, KafkaSource,
+    KafkaSourceConfig, PredictionProducer, StartOffset, WorkerShare,
 };
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, GpOptions, LearnGp, Record, Scoring, WriteCheckpoints};
-use dualgp_operators::model::{Likelihood, SequentialLearner};
+use dualgp_operators::dataflow::{
+    Checkpoint, CheckpointStore, GpOptions, GpStreams, Record, Scoring, WriteCheckpoints,
+};
+use dualgp_operators::model::Likelihood;
 use serde::Serialize;
 use timely::dataflow::operators::{Input, Inspect, Probe};
-use timely::dataflow::{InputHandleVec, ProbeHandle};
+use timely::dataflow::{InputHandleVec, ProbeHandle, Scope};
+use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
 use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{check_workers, ModelArgs};
 use crate::protocol::Standardizer;
+use crate::wiring::{self, fresh_learner, Ends, Start};
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -190,40 +194,42 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     };
     let d = scaling.x_mean.len();
     config.mapping = config.mapping.with_dimension(d);
-    let options = GpOptions {
-        scoring: args.scoring,
-        learned_through: resumed.as_ref().map(|c| c.epoch),
-        ..GpOptions::new(d)
-    };
-    let learner = match resumed {
-        Some(c) => c.learner,
-        None => SequentialLearner::new(
-            settings.kernel(d),
-            settings.likelihood(likelihood),
-            settings.sequential.clone(),
-        )?,
+    let start = Start {
+        options: GpOptions {
+            scoring: args.scoring,
+            learned_through: resumed.as_ref().map(|c| c.epoch),
+            ..GpOptions::new(d)
+        },
+        // Serve's inducing inputs are the learner's choice (no first rows).
+        learner: match resumed {
+            Some(c) => c.learner,
+            None => fresh_learner(&settings, likelihood, &[], &scaling)?,
+        },
+        epochs_in_flight: args.epochs_in_flight,
     };
 
-    let shared = Arc::new(Mutex::new(Shared {
-        delivered: vec![0; args.workers],
-        last_input: Some(Instant::now()),
-        ..Shared::default()
-    }));
-    let (in_flight, idle_exit) = (args.epochs_in_flight, args.idle_exit);
-    let checkpointing = store.is_some();
-    let state = Arc::clone(&shared);
-    let metrics = Arc::new(Mutex::new(Metrics::default()));
+    let serving = Serving {
+        state: Arc::new(Mutex::new(Shared {
+            delivered: vec![0; args.workers],
+            last_input: Some(Instant::now()),
+            ..Shared::default()
+        })),
+        metrics: Arc::new(Mutex::new(Metrics::default())),
+        stop,
+        scaling,
+        store,
+        idle_exit: args.idle_exit,
+    };
     let endpoint_stop = Arc::new(AtomicBool::new(false));
     let endpoint = match args.metrics_port {
         Some(port) => {
             let addr = std::net::SocketAddr::new(args.metrics_host, port);
-            let (_, thread) = serve_http(addr, Arc::clone(&metrics), Arc::clone(&endpoint_stop))
+            let (_, thread) = serve_http(addr, Arc::clone(&serving.metrics), Arc::clone(&endpoint_stop))
                 .with_context(|| format!("cannot serve metrics on {addr}; choose another --metrics-port"))?;
             Some(thread)
         }
         None => None,
     };
-    let worker_metrics = Arc::clone(&metrics);
     // Every worker's connections, opened before the dataflow so that a failure
     // is an error here, not one worker missing from the dataflow.
     let mut opened = Vec::with_capacity(args.workers);
@@ -234,217 +240,24 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         opened.push(Some((source, predictions, dead)));
     }
     let connections = Mutex::new(opened);
-    let workers = timely::execute(timely::Config::process(args.workers), move |worker| {
-        let metrics = &worker_metrics;
-        let (index, peers) = (worker.index(), worker.peers());
-        let fail = |e: String| {
-            state.lock().unwrap().error.get_or_insert(e);
-            stop.store(true, Ordering::SeqCst);
-        };
-        let (mut source, predictions, dead) = connections.lock().unwrap()[index]
+    let (state, metrics) = (Arc::clone(&serving.state), Arc::clone(&serving.metrics));
+    let joined = wiring::execute(timely::Config::process(args.workers), move |worker| {
+        let (source, predictions, dead) = locked(&connections)[worker.index()]
             .take()
             .expect("opened for every worker");
-        let (predictions, dead) = (Rc::new(predictions), Rc::new(dead));
-
-        let mut records = InputHandleVec::new();
-        let mut positions = DeliveredPositions::new(index);
-        // `delivery`: predictions and dead letters; `probe`: those and the updates.
-        let (delivery, probe) = (ProbeHandle::new(), ProbeHandle::new());
-        let (s1, s2, s3) = (Arc::clone(&state), Arc::clone(&state), Arc::clone(&state));
-        let (m1, m2, m3) = (Arc::clone(metrics), Arc::clone(metrics), Arc::clone(metrics));
-        let (p1, d1, scale) = (Rc::clone(&predictions), Rc::clone(&dead), scaling.clone());
-        let (store, learner) = (store.clone(), learner.clone());
-
-        worker.dataflow::<u64, _, _>(|scope| {
-            let gp = scope.input_from(&mut records).learn_gp_with(None, learner, options);
-            gp.predictions
-                .inspect_core(move |event| {
-                    let Ok((_, batch)) = event else { return };
-                    let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
-                    match p1.send(&out) {
-                        Ok(()) => {
-                            let mut m = m1.lock().unwrap();
-                            m.predictions_out += out.len() as u64;
-                            out.iter().for_each(|p| m.observe_staleness(p.staleness()));
-                        }
-                        Err(e) => drop(s1.lock().unwrap().error.get_or_insert(e.to_string())),
-                    }
-                })
-                .probe_with(&delivery)
-                .probe_with(&probe);
-            gp.rejected
-                .inspect_core(move |event| {
-                    let Ok((_, batch)) = event else { return };
-                    let letters: Vec<DeadLetter> = batch.iter().map(DeadLetter::refused).collect();
-                    if let Err(e) = d1.send(&letters) {
-                        s2.lock().unwrap().error.get_or_insert(e.to_string());
-                    }
-                    m2.lock().unwrap().dead_letters += letters.len() as u64;
-                })
-                .probe_with(&delivery)
-                .probe_with(&probe);
-            let updates = gp.updates.inspect(move |u| match &u.outcome {
-                Ok(_) => m3.lock().unwrap().updates += 1,
-                Err(why) => tracing::error!("epoch {} could not be learned: {why}", u.epoch),
-            });
-            match store {
-                Some(store) => {
-                    let at = scope.input_from(positions.handle());
-                    updates
-                        .write_checkpoints(at, store)
-                        .inspect(move |saved| {
-                            let mut s = s3.lock().unwrap();
-                            match saved {
-                                Ok(epoch) => {
-                                    s.checkpointed = Some(*epoch);
-                                }
-                                Err(e) => drop(s.error.get_or_insert(format!("cannot checkpoint: {e}"))),
-                            }
-                        })
-                        .probe_with(&probe);
-                }
-                None => {
-                    updates.probe_with(&probe);
-                }
-            }
-        });
-
-        // After each step: flush this worker's deliveries for finished epochs
-        // and hand their positions to the checkpoint writer; worker 0 commits
-        // the offsets every worker has delivered (and checkpointed).
-        let mut delivered = 0u64;
-        let mut committed: Option<u64> = None;
-        let mut settle = |positions: &mut DeliveredPositions, source: &KafkaSource, done_reading: bool| {
-            let done = delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
-            if done > delivered {
-                match predictions.flush().and_then(|()| dead.flush()) {
-                    Ok(()) => positions.release_before(done),
-                    // What failed to go out may be lost even if a later flush works.
-                    Err(e) => {
-                        positions.close();
-                        fail(e.to_string());
-                    }
-                }
-                delivered = done;
-                state.lock().unwrap().delivered[index] = done;
-            }
-            if index == 0 {
-                let mut s = state.lock().unwrap();
-                let everyone = s.delivered.iter().copied().min().unwrap_or(0);
-                while let Some(entry) = s.read_at.first_entry().filter(|e| *e.key() < everyone) {
-                    let latency = entry.remove().elapsed().as_secs_f64();
-                    metrics.lock().unwrap().observe_epoch_latency(latency);
-                }
-                let safe = if checkpointing {
-                    s.checkpointed.map_or(0, |e| e + 1)
-                } else {
-                    everyone
-                };
-                let upto = safe.min(everyone);
-                // The position after epoch `upto - 1`, once every worker has reported it.
-                let target = upto.checked_sub(1).filter(|e| committed.is_none_or(|c| *e > c));
-                if let Some(epoch) = target {
-                    if let Some(at) = s.positions.get(&epoch).filter(|p| p.len() == peers || done_reading) {
-                        if let Some(merged) = KafkaPosition::merge(at) {
-                            match source.commit(&merged) {
-                                Ok(()) => {
-                                    committed = Some(epoch);
-                                    s.committed_epoch = Some(epoch);
-                                }
-                                Err(e) => tracing::error!("{e}"),
-                            }
-                        }
-                    }
-                    s.positions.retain(|e, _| *e > epoch);
-                }
-            }
-        };
-
-        while !stop.load(Ordering::SeqCst) {
-            // A resumed source starts at its checkpoint's epoch, not at 0.
-            records.advance_to(source.epoch());
-            state
-                .lock()
-                .unwrap()
-                .read_at
-                .entry(source.epoch())
-                .or_insert_with(Instant::now);
-            // Records go into the dataflow as they are read, so scoring on
-            // arrival does not wait for the epoch to fill.
-            let mut streamed = 0;
-            let read = source.next_epoch_streaming(|arrived| {
-                streamed += arrived.len();
-                for record in arrived.drain(..) {
-                    records.send(scaling.record(record));
-                }
-                records.flush();
-                worker.step();
-            });
-            let part = match read {
-                Ok(part) => part,
-                Err(e) => {
-                    fail(e.to_string());
-                    break;
-                }
-            };
-            if let Err(e) = dead.send(&part.dead_letters) {
-                fail(e.to_string());
-            }
-            {
-                let mut s = state.lock().unwrap();
-                let mut m = metrics.lock().unwrap();
-                m.records_in += (streamed + part.records.len()) as u64;
-                m.dead_letters += part.dead_letters.len() as u64;
-                m.epochs = m.epochs.max(part.epoch + 1);
-                drop(m);
-                s.positions.entry(part.epoch).or_default().push(part.position.clone());
-                if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
-                    s.last_input = Some(Instant::now());
-                }
-                if let (Some(limit), Some(last)) = (idle_exit, s.last_input) {
-                    if last.elapsed().as_secs_f64() >= limit {
-                        stop.store(true, Ordering::SeqCst);
-                    }
-                }
-            }
-            for record in part.records {
-                records.send(scaling.record(record));
-            }
-            if checkpointing {
-                positions.read(part.epoch, part.position);
-            }
-            records.advance_to(part.epoch + 1);
-            while probe.less_than(&(part.epoch + 1).saturating_sub(in_flight)) {
-                worker.step_or_park(Some(Duration::from_millis(50)));
-                settle(&mut positions, &source, false);
-            }
-            worker.step();
-            settle(&mut positions, &source, false);
-        }
-        // Finish the epochs read: learn and deliver, then checkpoint and commit.
-        drop(records);
-        while !delivery.done() {
-            worker.step_or_park(Some(Duration::from_millis(50)));
-            settle(&mut positions, &source, true);
-        }
-        positions.close();
-        while worker.step_or_park(Some(Duration::from_millis(50))) {
-            settle(&mut positions, &source, true);
-        }
-        settle(&mut positions, &source, true);
-    })
-    .map_err(|e| anyhow::anyhow!("cannot start {} workers: {e}", args.workers))?;
-    let joined: Result<Vec<()>, String> = workers.join().into_iter().collect();
+        let mut ends = KafkaEnds::new(worker, serving.clone(), source, predictions, dead);
+        wiring::run_worker(worker, &start, &mut ends);
+    });
     endpoint_stop.store(true, Ordering::SeqCst);
     if let Some(thread) = endpoint {
         let _ = thread.join();
     }
-    joined.map_err(|e| anyhow::anyhow!("a worker failed: {e}"))?;
-    let s = std::mem::take(&mut *shared.lock().unwrap());
+    joined?;
+    let s = std::mem::take(&mut *locked(&state));
     if let Some(e) = s.error {
         bail!("{e}");
     }
-    let m = metrics.lock().unwrap();
+    let m = locked(&metrics);
     Ok(ServeSummary {
         records: m.records_in,
         predictions: m.predictions_out,
@@ -454,6 +267,273 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         last_checkpoint: s.checkpointed,
         committed_epoch: s.committed_epoch,
     })
+}
+
+/// A mutex's contents even if a worker panicked holding it: that worker's
+/// failure is reported when it is joined, not as a panic in every other.
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What every worker of a serving process shares.
+#[derive(Clone)]
+struct Serving {
+    state: Arc<Mutex<Shared>>,
+    metrics: Arc<Mutex<Metrics>>,
+    /// Set by a signal, `--idle-exit` or an error: workers finish what they read.
+    stop: Arc<AtomicBool>,
+    scaling: Standardizer,
+    store: Option<CheckpointStore>,
+    idle_exit: Option<f64>,
+}
+
+impl Serving {
+    /// Keeps the first error and stops every worker.
+    fn fail(&self, e: String) {
+        locked(&self.state).error.get_or_insert(e);
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Serve's ends on one worker: its share of the input topic's partitions
+/// in, predictions and dead letters out to Kafka; after each step, the
+/// offsets every worker has delivered (and checkpointed) are committed.
+struct KafkaEnds {
+    serving: Serving,
+    source: KafkaSource,
+    predictions: Rc<PredictionProducer>,
+    dead: Rc<DeadLetterProducer>,
+    positions: DeliveredPositions,
+    /// Passes an epoch once this worker's predictions and dead letters are sent.
+    delivery: ProbeHandle<u64>,
+    /// Every epoch before this one is delivered by this worker.
+    delivered: u64,
+    /// Worker 0: the newest epoch whose offsets are committed.
+    committed: Option<u64>,
+    index: usize,
+    peers: usize,
+}
+
+impl KafkaEnds {
+    fn new(
+        worker: &Worker,
+        serving: Serving,
+        source: KafkaSource,
+        predictions: PredictionProducer,
+        dead: DeadLetterProducer,
+    ) -> Self {
+        KafkaEnds {
+            serving,
+            source,
+            predictions: Rc::new(predictions),
+            dead: Rc::new(dead),
+            positions: DeliveredPositions::new(worker.index()),
+            delivery: ProbeHandle::new(),
+            delivered: 0,
+            committed: None,
+            index: worker.index(),
+            peers: worker.peers(),
+        }
+    }
+
+    fn checkpointing(&self) -> bool {
+        self.serving.store.is_some()
+    }
+
+    /// Counts what an epoch's read brought, keeps its position, and stops
+    /// after `--idle-exit` without input.
+    fn note_read(&mut self, part: &EpochPart<KafkaPosition>, streamed: usize) {
+        let mut s = locked(&self.serving.state);
+        let mut m = locked(&self.serving.metrics);
+        m.records_in += (streamed + part.records.len()) as u64;
+        m.dead_letters += part.dead_letters.len() as u64;
+        m.epochs = m.epochs.max(part.epoch + 1);
+        drop(m);
+        s.positions.entry(part.epoch).or_default().push(part.position.clone());
+        if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
+            s.last_input = Some(Instant::now());
+        }
+        if let (Some(limit), Some(last)) = (self.serving.idle_exit, s.last_input) {
+            if last.elapsed().as_secs_f64() >= limit {
+                self.serving.stop.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Worker 0: records epoch latencies and commits the offsets every
+    /// worker has delivered (and, with checkpoints, the writer has saved).
+    fn commit(&mut self, reading_done: bool) {
+        let mut s = locked(&self.serving.state);
+        let everyone = s.delivered.iter().copied().min().unwrap_or(0);
+        while let Some(entry) = s.read_at.first_entry().filter(|e| *e.key() < everyone) {
+            let latency = entry.remove().elapsed().as_secs_f64();
+            locked(&self.serving.metrics).observe_epoch_latency(latency);
+        }
+        let safe = if self.checkpointing() {
+            s.checkpointed.map_or(0, |e| e + 1)
+        } else {
+            everyone
+        };
+        let upto = safe.min(everyone);
+        // The position after epoch `upto - 1`, once every worker has reported it.
+        let target = upto.checked_sub(1).filter(|e| self.committed.is_none_or(|c| *e > c));
+        if let Some(epoch) = target {
+            if let Some(at) = s
+                .positions
+                .get(&epoch)
+                .filter(|p| p.len() == self.peers || reading_done)
+            {
+                if let Some(merged) = KafkaPosition::merge(at) {
+                    match self.source.commit(&merged) {
+                        Ok(()) => {
+                            self.committed = Some(epoch);
+                            s.committed_epoch = Some(epoch);
+                        }
+                        Err(e) => tracing::error!("{e}"),
+                    }
+                }
+            }
+            s.positions.retain(|e, _| *e > epoch);
+        }
+    }
+}
+
+impl Ends for KafkaEnds {
+    const PARK: Option<Duration> = Some(Duration::from_millis(50));
+
+    fn wire<'scope>(&mut self, scope: Scope<'scope, u64>, gp: GpStreams<'scope>, probe: &ProbeHandle<u64>) {
+        let Serving {
+            state,
+            metrics,
+            scaling,
+            store,
+            ..
+        } = &self.serving;
+        let (s1, s2, s3) = (Arc::clone(state), Arc::clone(state), Arc::clone(state));
+        let (m1, m2, m3) = (Arc::clone(metrics), Arc::clone(metrics), Arc::clone(metrics));
+        let (p1, d1, scale) = (Rc::clone(&self.predictions), Rc::clone(&self.dead), scaling.clone());
+        gp.predictions
+            .inspect_core(move |event| {
+                let Ok((_, batch)) = event else { return };
+                let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
+                match p1.send(&out) {
+                    Ok(()) => {
+                        let mut m = locked(&m1);
+                        m.predictions_out += out.len() as u64;
+                        out.iter().for_each(|p| m.observe_staleness(p.staleness()));
+                    }
+                    Err(e) => drop(locked(&s1).error.get_or_insert(e.to_string())),
+                }
+            })
+            .probe_with(&self.delivery)
+            .probe_with(probe);
+        gp.rejected
+            .inspect_core(move |event| {
+                let Ok((_, batch)) = event else { return };
+                let letters: Vec<DeadLetter> = batch.iter().map(DeadLetter::refused).collect();
+                if let Err(e) = d1.send(&letters) {
+                    locked(&s2).error.get_or_insert(e.to_string());
+                }
+                locked(&m2).dead_letters += letters.len() as u64;
+            })
+            .probe_with(&self.delivery)
+            .probe_with(probe);
+        let updates = gp.updates.inspect(move |u| match &u.outcome {
+            Ok(_) => locked(&m3).updates += 1,
+            Err(why) => tracing::error!("epoch {} could not be learned: {why}", u.epoch),
+        });
+        match store.clone() {
+            Some(store) => {
+                let at = scope.input_from(self.positions.handle());
+                updates
+                    .write_checkpoints(at, store)
+                    .inspect(move |saved| {
+                        let mut s = locked(&s3);
+                        match saved {
+                            Ok(epoch) => s.checkpointed = Some(*epoch),
+                            Err(e) => drop(s.error.get_or_insert(format!("cannot checkpoint: {e}"))),
+                        }
+                    })
+                    .probe_with(probe);
+            }
+            None => {
+                updates.probe_with(probe);
+            }
+        }
+    }
+
+    fn read(&mut self, worker: &mut Worker, records: &mut InputHandleVec<u64, Record>) -> Option<u64> {
+        if self.serving.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        // A resumed source starts at its checkpoint's epoch, not at 0.
+        records.advance_to(self.source.epoch());
+        locked(&self.serving.state)
+            .read_at
+            .entry(self.source.epoch())
+            .or_insert_with(Instant::now);
+        // Records go into the dataflow as they are read, so scoring on
+        // arrival does not wait for the epoch to fill.
+        let mut streamed = 0;
+        let scaling = &self.serving.scaling;
+        let read = self.source.next_epoch_streaming(|arrived| {
+            streamed += arrived.len();
+            for record in arrived.drain(..) {
+                records.send(scaling.record(record));
+            }
+            records.flush();
+            worker.step();
+        });
+        let part = match read {
+            Ok(part) => part,
+            Err(e) => {
+                self.serving.fail(e.to_string());
+                return None;
+            }
+        };
+        if let Err(e) = self.dead.send(&part.dead_letters) {
+            self.serving.fail(e.to_string());
+        }
+        self.note_read(&part, streamed);
+        for record in part.records {
+            records.send(self.serving.scaling.record(record));
+        }
+        if self.checkpointing() {
+            self.positions.read(part.epoch, part.position);
+        }
+        Some(part.epoch)
+    }
+
+    /// Flushes this worker's deliveries for finished epochs and hands their
+    /// positions to the checkpoint writer; worker 0 then commits.
+    fn settle(&mut self, _: &ProbeHandle<u64>, reading_done: bool) {
+        let done = self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
+        if done > self.delivered {
+            match self.predictions.flush().and_then(|()| self.dead.flush()) {
+                Ok(()) => self.positions.release_before(done),
+                // What failed to go out may be lost even if a later flush works.
+                Err(e) => {
+                    self.positions.close();
+                    self.serving.fail(e.to_string());
+                }
+            }
+            self.delivered = done;
+            locked(&self.serving.state).delivered[self.index] = done;
+        }
+        if self.index == 0 {
+            self.commit(reading_done);
+        }
+    }
+
+    /// Delivers what was read, then ends the positions: epochs not released
+    /// by then get no checkpoint.
+    fn close(&mut self, worker: &mut Worker, probe: &ProbeHandle<u64>) {
+        while !self.delivery.done() {
+            worker.step_or_park(Self::PARK);
+            self.settle(probe, true);
+        }
+        self.positions.close();
+    }
 }
 
 /// One worker's source positions after each epoch it read, handed to the
