@@ -8,6 +8,7 @@ use anyhow::{anyhow, Result};
 use dualgp_operators::model::{Predictive, SequentialLearner, StreamingLearner};
 use nalgebra::DMatrix;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::protocol::Standardizer;
 use crate::replay::ReplayReport;
@@ -163,16 +164,19 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
     };
     let (inducing, remembered) = (back(&post.z), back(memory.x()));
 
-    let root = SVGBackend::new(path, (1000, 520)).into_drawing_area();
+    let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let (panels_area, key) = root.split_vertically(480);
+    let (panels_area, below) = root.split_vertically(480);
+    let (scales, key) = below.split_vertically(40);
     let (left, right) = panels_area.split_horizontally(500);
+    let (left_scale, right_scale) = scales.split_horizontally(500);
     let panels = [("posterior mean of y", 0), ("posterior sd of y (with noise)", 1)];
-    for (area, (title, which)) in [left, right].iter().zip(panels) {
+    for ((area, scale), (title, which)) in [(left, left_scale), (right, right_scale)].iter().zip(panels) {
         let values: Vec<f64> = moments.iter().map(|m| if which == 0 { m.0 } else { m.1 }).collect();
         let (lo, hi) = values
             .iter()
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(*v), h.max(*v)));
+        draw_scale(scale, lo, hi)?;
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 18))
             .margin(12)
@@ -208,6 +212,26 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
     ];
     draw_key(&key, &entries)?;
     root.present().map_err(plot_error)
+}
+
+/// A panel's colour ramp under it, from its lowest to its highest value:
+/// without it the colours say nothing. Spans the panel's plotting area.
+fn draw_scale<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, lo: f64, hi: f64) -> Result<()> {
+    const LEFT: i32 = 52;
+    const STEP: i32 = 4;
+    const STEPS: i32 = 109;
+    for s in 0..STEPS {
+        let x = LEFT + s * STEP;
+        let color = ramp(s as f64 / (STEPS - 1) as f64);
+        area.draw(&Rectangle::new([(x, 4), (x + STEP, 16)], color.filled()))
+            .map_err(plot_error)?;
+    }
+    let font = ("sans-serif", 13).into_font();
+    let right = TextStyle::from(font.clone()).pos(Pos::new(HPos::Right, VPos::Top));
+    area.draw(&Text::new(format!("{lo:.2}"), (LEFT, 20), font))
+        .map_err(plot_error)?;
+    area.draw(&Text::new(format!("{hi:.2}"), (LEFT + STEPS * STEP, 20), right))
+        .map_err(plot_error)
 }
 
 /// The epochs as an integer axis: counts get integer ticks.
