@@ -7,6 +7,9 @@ use std::path::PathBuf;
 
 use common::{assert_fails_with, dualgp, json_report_of};
 use dualgp_connectors::shared_data;
+use dualgp_pipelines::demo::generate;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 
 fn data(name: &str) -> String {
     let path = shared_data(&format!("{name}.parquet")).unwrap_or_else(|e| panic!("{e}"));
@@ -58,7 +61,12 @@ fn demo_fits_the_generated_field_to_its_noise_level() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no RMSE in {stdout}"));
-    assert!(rmse < 0.13, "demo RMSE {rmse} against noise sd 0.1");
+    // The oracle: the noise alone on the same held-out points, which no
+    // predictor beats. Measured: 0.114 against 0.100; the 0.014 between is
+    // what 30 inducing inputs and 800 points leave of the field, and 0.03
+    // allows twice that (the prior, epoch 0, is at 0.51).
+    let floor = held_out_noise_rmse(800);
+    assert!(rmse < floor + 0.03, "demo RMSE {rmse}, the noise alone {floor}");
     // The report: the prequential curve, the hyperparameters, and the 2-D posterior with Z and the memory.
     for (file, needle) in [
         ("prequential.svg", "prequential NLPD"),
@@ -68,6 +76,18 @@ fn demo_fits_the_generated_field_to_its_noise_level() {
         let svg = std::fs::read_to_string(plots.path().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(svg.starts_with("<svg") && svg.contains(needle), "{file} lacks {needle}");
     }
+}
+
+/// The RMSE of the noise alone on the demo's held-out points: the demo draws
+/// them after its `n` streamed points from its seed (0); drawn again without
+/// noise, the same draws give the field itself.
+fn held_out_noise_rmse(n: usize) -> f64 {
+    let (mut noisy, mut clean) = (ChaCha8Rng::seed_from_u64(0), ChaCha8Rng::seed_from_u64(0));
+    generate(n, 0.1, &mut noisy);
+    generate(n, 0.1, &mut clean);
+    let (test, field) = (generate(1000, 0.1, &mut noisy), generate(1000, 0.0, &mut clean));
+    assert_eq!(test.x(), field.x(), "the same draws");
+    ((test.y() - field.y()).norm_squared() / 1000.0).sqrt()
 }
 
 /// The four batch entries of a banana report (100 training rows each), with
