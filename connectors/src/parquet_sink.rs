@@ -3,7 +3,7 @@
 //!
 //! Prediction columns: `id` (int64), `epoch` (uint64), then by
 //! [`PredictionLayout`]: `mean`, `var` (float64); `p1` (Bernoulli: the
-//! probability of class 1 only, as EVALUATION.md's `replay` contract says);
+//! probability of class 1 only, as the `replay` contract of `../shared/docs/EVALUATION.md` says);
 //! or `p0..p{C-1}`.
 
 use std::path::Path;

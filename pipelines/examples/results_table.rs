@@ -1,5 +1,5 @@
 //! Writes docs/RESULTS.md from the reports `scripts/results.sh` leaves under
-//! target/results/ (`dualgp eval` JSON, docs/EVALUATION.md):
+//! target/results/ (`dualgp eval` JSON, `../shared/docs/EVALUATION.md`):
 //!
 //!     main/DATA/ORDER/METHOD/foldK.json    the paper-uci grid
 //!     ablation/DATA/VARIANT/foldK.json     dual-memory variants, shuffle:0

@@ -1,6 +1,6 @@
 //! `dualgp eval`: a learner on the paper-uci protocol (or a given test file),
 //! reporting test metrics after every batch as JSON. The flags and the report
-//! are a contract (docs/EVALUATION.md): extend, never rename.
+//! are a contract (`../shared/docs/EVALUATION.md`, beside the repository): extend, never rename.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -36,7 +36,7 @@ enum Command {
         #[arg(long, default_value = "dualgp-demo")]
         plots: std::path::PathBuf,
     },
-    /// Evaluate a learner on a data set batch by batch (docs/EVALUATION.md) and write a JSON report.
+    /// Evaluate a learner on a data set batch by batch (../shared/docs/EVALUATION.md) and write a JSON report.
     Eval(Box<eval::EvalArgs>),
     /// Score a Parquet stream record by record, learning after each epoch (a backtest), and write the predictions.
     Replay(Box<replay::ReplayArgs>),
@@ -210,7 +210,6 @@ fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// clap's message without its usage block, on one line: every error is one line.
 /// The error and its causes joined by `: `, each cause left out where the
 /// message before it already says it (errors that name their cause in their
 /// own message would otherwise say it twice).
@@ -227,6 +226,7 @@ fn causes_once(err: &anyhow::Error) -> String {
     said
 }
 
+/// clap's message without its usage block, on one line: every error is one line.
 fn one_line(message: &str) -> String {
     let said: Vec<&str> = message
         .lines()

@@ -2,7 +2,7 @@
 //! into epochs of `--batch-size` rows, and every record is scored by the
 //! model of the epochs before it, then learned from (prequential). The
 //! flags, the output columns and the report are a contract
-//! (docs/EVALUATION.md): extend, never rename.
+//! (`../shared/docs/EVALUATION.md`, beside the repository): extend, never rename.
 //!
 //! Inputs (and the target, for regression) are standardised with the first
 //! epoch's statistics, fixed from then on, so nothing is learned from rows

@@ -3,7 +3,7 @@
 //! newest model its worker holds (or, `--scoring prequential`, by the model of
 //! the epochs before it) and sent to the output topic keyed by id, then
 //! learned from if it has a label. Bad messages go to `IN.dlq` with the reason. The
-//! flags and messages are a contract (docs/EVALUATION.md): extend, never rename.
+//! flags and messages are a contract (`../shared/docs/EVALUATION.md`, beside the repository): extend, never rename.
 //!
 //! Delivery: an epoch's update is checkpointed (with `--checkpoint-dir`) only
 //! once every worker has delivered its predictions, and offsets are committed
