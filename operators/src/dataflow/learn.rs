@@ -9,8 +9,11 @@ use serde::{Deserialize, Serialize};
 use super::partition_stage::{partition_stage, Arrival, StageOutput, Start};
 use super::record::{Prediction, Record, Rejected};
 use super::reduce_stage::{reduce_stage, ModelUpdate, ReduceOutput};
-use super::Round;
 use crate::model::{SequentialLearner, StreamingLearner};
+
+/// A time inside the learner's scope: (epoch, round), ordered
+/// lexicographically; both stages run in it.
+pub(super) type Round = (u64, u32);
 
 /// The streams a learner produces, all timestamped by epoch.
 pub struct GpStreams<'scope> {

@@ -40,6 +40,3 @@ pub use delayed::delayed_labels;
 pub use learn::{GpOptions, GpStreams, LearnGp, Scoring};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;
-
-/// A time inside the learner: (epoch, round), ordered lexicographically.
-type Round = (u64, u32);

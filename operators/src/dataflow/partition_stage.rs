@@ -10,8 +10,9 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
+use super::learn::Round;
 use super::record::{Prediction, Record, Rejected};
-use super::{GpOptions, Round, Scoring};
+use super::{GpOptions, Scoring};
 use crate::model::dual::point::PointId;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 

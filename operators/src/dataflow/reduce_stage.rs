@@ -15,7 +15,7 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
-use super::Round;
+use super::learn::Round;
 use crate::model::{Answer, ModelError, Query, SequentialLearner, Shards, UpdateReport};
 
 /// The learner after an epoch's update: the new model and a checkpointable state.
