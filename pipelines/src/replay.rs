@@ -2,7 +2,8 @@
 //! into epochs of `--batch-size` rows, and every record is scored by the
 //! model of the epochs before it, then learned from (prequential). The
 //! flags, the output columns and the report are a contract
-//! (`../shared/docs/EVALUATION.md`, beside the repository): extend, never rename.
+//! (`../shared/docs/EVALUATION.md`, beside the repository): extend, never
+//! rename. The wiring is `wiring.rs`'s; here are its Parquet ends.
 //!
 //! Inputs (and the target, for regression) are standardised with the first
 //! epoch's statistics, fixed from then on, so nothing is learned from rows

@@ -2,8 +2,10 @@
 //! of the input topic's partitions; each record is scored on arrival with the
 //! newest model its worker holds (or, `--scoring prequential`, by the model of
 //! the epochs before it) and sent to the output topic keyed by id, then
-//! learned from if it has a label. Bad messages go to `IN.dlq` with the reason. The
-//! flags and messages are a contract (`../shared/docs/EVALUATION.md`, beside the repository): extend, never rename.
+//! learned from if it has a label. Bad messages go to `IN.dlq` with the
+//! reason. The flags and messages are a contract
+//! (`../shared/docs/EVALUATION.md`, beside the repository): extend, never
+//! rename. The wiring is `wiring.rs`'s; here are its Kafka ends.
 //!
 //! Delivery: an epoch's update is checkpointed (with `--checkpoint-dir`) only
 //! once every worker has delivered its predictions, and offsets are committed
