@@ -4,8 +4,8 @@
 
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::{
-    Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OsgprConfig,
-    OsgprInducing, OsgprLearner, PointSites, SequentialConfig, SequentialLearner, StreamingLearner,
+    Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
+    OsgprConfig, OsgprInducing, OsgprLearner, PointSites, SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;
@@ -235,7 +235,21 @@ enum Role {
     /// Themselves (the paper).
     Own,
     ControlVariate,
+    /// All past data, as a weighted sample (a share of 1).
     Sample,
+    /// The share of the past the memory's drift estimates.
+    Estimated,
+}
+
+impl Role {
+    fn configure(self, config: &mut SequentialConfig) {
+        config.memory_control_variate = matches!(self, Role::ControlVariate);
+        config.memory_share = match self {
+            Role::Own | Role::ControlVariate => MemoryShare::OWN,
+            Role::Sample => MemoryShare::Fixed(1.0),
+            Role::Estimated => MemoryShare::Estimated,
+        };
+    }
 }
 
 #[test]
@@ -243,17 +257,17 @@ fn a_memory_of_a_tenth_that_stands_for_all_past_data_holds_old_tasks_as_all_past
     // A tenth of the stream in memory. As the paper's memory, whose points
     // stand for themselves, the first task is lost to the later ones: its
     // other points' sites were taken while the later classes had no data and
-    // nothing revives them. As a control variate for all past data, or as a
-    // weighted sample of it, the same memory keeps the first task within
-    // reach of the memory holding every past point (the batch posterior).
+    // nothing revives them. As a control variate for all past data, as a
+    // weighted sample of it, or with the share of the past its drift
+    // estimates, the same memory keeps the first task within reach of the
+    // memory holding every past point (the batch posterior).
     let e_step = EStepConfig { steps: 20, rho: 0.8 };
     for seed in [3, 4, 5] {
         let (train, test) = tasks(100, seed);
         let z0 = task(&train, 0).x().rows(0, 20).into_owned();
         let run = |memory: MemoryPolicy, role: Role| {
             let mut learner = learner(kernel(), e_step, InducingPolicy::Pivoted, memory, z0.clone());
-            learner.config.memory_control_variate = matches!(role, Role::ControlVariate);
-            learner.config.memory_sample = matches!(role, Role::Sample);
+            role.configure(&mut learner.config);
             for t in 0..TASKS {
                 learner.update(&task(&train, t)).unwrap();
             }
@@ -265,7 +279,12 @@ fn a_memory_of_a_tenth_that_stands_for_all_past_data_holds_old_tasks_as_all_past
         let all = run(MemoryPolicy::PerBatch { k: train.n() }, Role::Own);
         let paper = run(tenth, Role::Own);
         let mean = |a: &[f64]| a.iter().sum::<f64>() / a.len() as f64;
-        for (what, role) in [("control variate", Role::ControlVariate), ("sample", Role::Sample)] {
+        let roles = [
+            ("control variate", Role::ControlVariate),
+            ("sample", Role::Sample),
+            ("estimated share", Role::Estimated),
+        ];
+        for (what, role) in roles {
             let standing = run(tenth, role);
             let figures = format!("seed {seed}: all {all:.3?}, paper {paper:.3?}, {what} {standing:.3?}");
             assert!(all[0] - paper[0] > 0.1, "{figures}");
@@ -294,16 +313,15 @@ fn gaussian_stream() -> GaussianStream {
 impl GaussianStream {
     /// A learner with θ and `Z` fixed whose memory `memory` plays `role`.
     fn learner(&self, memory: MemoryPolicy, role: Role) -> SequentialLearner {
-        let config = SequentialConfig {
+        let mut config = SequentialConfig {
             inducing: self.z.nrows(),
             inducing_policy: InducingPolicy::Fixed,
             e_step: EStepConfig { steps: 1, rho: 1.0 },
             m_steps: 0,
             memory,
-            memory_control_variate: matches!(role, Role::ControlVariate),
-            memory_sample: matches!(role, Role::Sample),
             ..SequentialConfig::default()
         };
+        role.configure(&mut config);
         SequentialLearner::new(kernel(), GAUSSIAN, config)
             .unwrap()
             .with_inducing(self.z.clone())
@@ -361,16 +379,19 @@ fn a_memory_as_a_sample_weights_its_points_as_copies_of_themselves() {
 }
 
 #[test]
-fn with_a_gaussian_likelihood_the_control_variate_changes_nothing() {
+fn with_a_gaussian_likelihood_neither_the_control_variate_nor_the_estimated_share_changes_anything() {
     // Gaussian sites do not depend on q: every first site still holds, the
-    // memory's correction is zero and the stream stays the batch posterior
-    // (θ and Z fixed), whatever the memory keeps and drops.
+    // memory's correction is zero, it shows no drift to take a share for,
+    // and the stream stays the batch posterior (θ and Z fixed), whatever
+    // the memory keeps and drops.
     let stream = gaussian_stream();
-    let mut learner = stream.learner(MemoryPolicy::RandomReservoir { capacity: 8 }, Role::ControlVariate);
-    for t in 0..TASKS {
-        learner.update(&task(&stream.data, t)).unwrap();
+    for role in [Role::ControlVariate, Role::Estimated] {
+        let mut learner = stream.learner(MemoryPolicy::RandomReservoir { capacity: 8 }, role);
+        for t in 0..TASKS {
+            learner.update(&task(&stream.data, t)).unwrap();
+        }
+        stream.assert_learned_as_batch(&learner, &(0..stream.data.n()).collect::<Vec<_>>());
     }
-    stream.assert_learned_as_batch(&learner, &(0..stream.data.n()).collect::<Vec<_>>());
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use common::small_config;
 use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
 use dualgp_operators::model::{
-    Data, EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, Optimizer, PastInMStep, Predictive,
+    Data, EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, MemoryShare, Optimizer, PastInMStep, Predictive,
     SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::{DMatrix, DVector};
@@ -81,8 +81,14 @@ fn learner(classes: bool) -> SequentialLearner {
         optimizer,
         memory,
         // The regression stream's bounded memory counts as a control
-        // variate: its correction and leaving points cross the workers too.
+        // variate: its correction and leaving points cross the workers too;
+        // the classification stream's estimates its share of the past.
         memory_control_variate: !classes,
+        memory_share: if classes {
+            MemoryShare::Estimated
+        } else {
+            MemoryShare::OWN
+        },
         seed: 7,
         ..small_config()
     };

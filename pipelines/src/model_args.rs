@@ -4,9 +4,9 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
-    fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, OfflineConfig,
-    OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot, SequentialConfig,
-    SequentialLearner, StreamingLearner,
+    fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
+    OfflineConfig, OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot,
+    SequentialConfig, SequentialLearner, StreamingLearner,
 };
 use nalgebra::DMatrix;
 use serde::Deserialize;
@@ -80,6 +80,35 @@ pub enum PastName {
     Message,
 }
 
+/// `--memory-share`: a fixed share of the past in `[0, 1]`, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct MemoryShareName(pub MemoryShare);
+
+impl std::str::FromStr for MemoryShareName {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let share = match s {
+            "auto" => MemoryShare::Estimated,
+            _ => MemoryShare::Fixed(s.parse().map_err(|_| format!("{s}: give a number in [0, 1] or auto"))?),
+        };
+        if share.is_valid() {
+            Ok(MemoryShareName(share))
+        } else {
+            Err(format!("{s}: the share of the past lies in [0, 1]"))
+        }
+    }
+}
+
+impl TryFrom<String> for MemoryShareName {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryPolicyName {
@@ -134,10 +163,13 @@ pub struct ModelArgs {
     /// terms count `n_old / |M|` times beside every past point's first sites (true|false).
     #[arg(long)]
     pub memory_control_variate: Option<bool>,
-    /// The memory as a weighted sample of all past data: past points' sites
-    /// are dropped at each update and the memory's terms weighted `n_seen / |M|` (true|false).
+    /// How much of the past the memory stands for: past points' frozen sites
+    /// keep `1 − γ` of their weight and the memory's terms count `1 + γ(n_old/|M| − 1)`
+    /// times; 0 is the paper's memory, 1 the memory as a sample of all past
+    /// data, `auto` (default) chooses γ at each update from the bias the
+    /// memory shows in the frozen sites.
     #[arg(long)]
-    pub memory_sample: Option<bool>,
+    pub memory_share: Option<MemoryShareName>,
     /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
     #[arg(long)]
     pub e_steps: Option<usize>,
@@ -214,7 +246,7 @@ impl ModelArgs {
             memory_policy: over.memory_policy.or(self.memory_policy),
             memory_capacity: over.memory_capacity.or(self.memory_capacity),
             memory_control_variate: over.memory_control_variate.or(self.memory_control_variate),
-            memory_sample: over.memory_sample.or(self.memory_sample),
+            memory_share: over.memory_share.or(self.memory_share),
             e_steps: over.e_steps.or(self.e_steps),
             e_lr: over.e_lr.or(self.e_lr),
             m_optimizer: over.m_optimizer.or(self.m_optimizer),
@@ -283,7 +315,7 @@ impl ModelArgs {
                     // drifting and class-incremental streams (docs/RESULTS.md, session 12).
                     memory: MemoryPolicy::Random { k: 20 },
                     memory_control_variate: false,
-                    memory_sample: false,
+                    memory_share: MemoryShare::Estimated,
                     seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
@@ -367,8 +399,12 @@ impl ModelArgs {
         if let Some(control_variate) = self.memory_control_variate {
             q.memory_control_variate = control_variate;
         }
-        if let Some(sample) = self.memory_sample {
-            q.memory_sample = sample;
+        if let Some(MemoryShareName(share)) = self.memory_share {
+            q.memory_share = share;
+        }
+        if q.memory_control_variate && self.memory_share.is_none() {
+            // The control variate replaces the share; it is not added to it.
+            q.memory_share = MemoryShare::OWN;
         }
         if let Some(past) = self.m_past {
             q.past_in_m_step = match past {
@@ -540,6 +576,27 @@ mod tests {
     fn settings(args: &[&str]) -> Settings {
         let cli = Cli::try_parse_from(std::iter::once("dualgp").chain(args.iter().copied())).expect("flags parse");
         cli.model.settings().expect("settings")
+    }
+
+    #[test]
+    fn the_memory_share_is_estimated_by_default_and_can_be_fixed() {
+        assert_eq!(settings(&[]).sequential.memory_share, MemoryShare::Estimated);
+        assert_eq!(
+            settings(&["--memory-share", "0.25"]).sequential.memory_share,
+            MemoryShare::Fixed(0.25)
+        );
+        assert_eq!(
+            settings(&["--preset", "reference"]).sequential.memory_share,
+            MemoryShare::OWN
+        );
+        // The control variate replaces the share unless both are asked for, which is refused.
+        let control = settings(&["--memory-control-variate", "true"]).sequential;
+        assert!(control.memory_control_variate && control.memory_share == MemoryShare::OWN);
+        let both = ["dualgp", "--memory-control-variate", "true", "--memory-share", "auto"];
+        assert!(Cli::try_parse_from(both).unwrap().model.settings().is_err());
+        for bad in ["1.5", "-0.1", "half"] {
+            assert!(Cli::try_parse_from(["dualgp", "--memory-share", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

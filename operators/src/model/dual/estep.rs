@@ -10,9 +10,9 @@ use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::memory::ControlVariate;
 use crate::model::dual::objective::expected_log_message;
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
+use crate::model::dual::share::ControlVariate;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::linalg::{add_weighted_gram, symmetrize};
@@ -122,6 +122,9 @@ impl Anchored<'_> {
     /// `F(f) = exp(s1 f − ½ s2 f²)` per latent.
     fn expected(&self, i: usize, value: f64, mean: &[f64], var: &[f64]) -> f64 {
         let w = self.control.weight;
+        if self.control.sample {
+            return w * value;
+        }
         let row = i - self.from;
         let first: f64 = (0..mean.len())
             .map(|c| {

@@ -42,8 +42,10 @@ pub struct MemoryPoint {
     pub s2: Vec<f64>,
     /// Reservoir key `ln(u)/h`: larger keys stay.
     pub key: f64,
-    /// With the memory as a control variate (see [`ControlVariate`]): the
-    /// sites it was first learned with, per latent.
+    /// The sites it was first learned with, per latent: against them the
+    /// memory measures how far past points' frozen sites have drifted
+    /// ([`Drift`](crate::model::dual::share::Drift)), and a control variate
+    /// corrects them.
     #[serde(default)]
     pub first: Option<FirstSites>,
 }
@@ -53,46 +55,6 @@ pub struct MemoryPoint {
 pub struct FirstSites {
     pub s1: Vec<f64>,
     pub s2: Vec<f64>,
-}
-
-/// The memory as a control variate for all past data. Every past point
-/// keeps the sites `F_i` it was first learned with; the memory's points,
-/// re-learned at each update, correct them on behalf of all:
-///
-/// `Σ_old E_q[log p(y_i|f_i)] ≈ Σ_old E_q[log F_i(f_i)] + w Σ_M (E_q[log p(y_j|f_j)] − E_q[log F_j(f_j)])`
-///
-/// with `w = n_old / |M|`: unbiased for a uniform memory, and exact where
-/// the first sites still hold. A memory point's sites in the totals are then
-/// `(1 − w) F_j + w S_j`, `S_j` its re-learned sites; when it leaves, it
-/// leaves `F_j`. Without it (`w = 1`), a memory point's re-learned sites
-/// replace its own (the paper), and where a past point's sites were taken
-/// while its class's rivals had no data, nothing revives them: the memory
-/// alone holds old tasks in place.
-///
-/// As a *sample* of all past data (`sample`), the first sites are dropped:
-/// every past point's sites leave the totals at each update and the memory's
-/// terms, re-learned, stand for all of them, `w Σ_M E_q[log p(y_j|f_j)]`. The
-/// same estimate without the control, so noisier where the first sites still
-/// hold (a Gaussian likelihood's always do); but with every weight positive
-/// the E-step's objective stays concave, where the control variate's
-/// `1 − w < 0` on the first sites' concave terms does not (at a large prior
-/// variance its E-step could not climb at all: docs/RESULTS.md, session 15).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ControlVariate {
-    pub weight: f64,
-    #[serde(default)]
-    pub sample: bool,
-}
-
-impl ControlVariate {
-    /// A memory point's site in the totals, one latent: `(1 − w) F + w S`, its
-    /// precision kept non-negative so that no sum of sites can lose definiteness.
-    pub fn site(&self, first: (f64, f64), own: (f64, f64)) -> (f64, f64) {
-        let w = self.weight;
-        let s1 = (1.0 - w) * first.0 + w * own.0;
-        let s2 = (1.0 - w) * first.1 + w * own.1;
-        (s1, s2.max(0.0))
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

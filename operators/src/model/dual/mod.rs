@@ -11,4 +11,5 @@ pub mod point;
 pub mod posterior;
 pub mod sequential;
 pub mod shard;
+pub mod share;
 pub mod snapshot;

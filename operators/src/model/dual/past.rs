@@ -44,6 +44,15 @@ impl PastMessage {
         }
     }
 
+    /// The same message at `factor` times its weight.
+    pub fn scaled(mut self, factor: f64) -> Self {
+        for eta in &mut self.eta {
+            eta.l *= factor;
+            eta.lambda *= factor;
+        }
+        self
+    }
+
     /// Its sites over `post`'s `Z` under `post`'s kernel, whitened:
     /// `(Tη̃₁, Tη̃₂Tᵀ)` with `T = L⁻¹K(Z, Z_a)L₀⁻ᵀ` ([`keeping_message`]).
     pub fn whitened(&self, post: &DualPosterior) -> Vec<Sites> {

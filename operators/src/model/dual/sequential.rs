@@ -14,12 +14,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
-use crate::model::dual::memory::{top_k, ControlVariate, FirstSites, Memory, MemoryPoint, MemoryPolicy};
+use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
 use crate::model::dual::past::PastMessage;
 use crate::model::dual::point::PointId;
 use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
 use crate::model::dual::shard::{Answer, Partition, Query, Shard};
+use crate::model::dual::share::{estimated_share, ControlVariate, MemoryShare};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
 use crate::model::learner::{field_accessors, Learned, StreamingLearner};
@@ -94,13 +95,10 @@ pub struct SequentialConfig {
     /// its own (the paper).
     #[serde(default)]
     pub memory_control_variate: bool,
-    /// The memory as a weighted sample of all past data (see
-    /// [`ControlVariate::sample`]): each update drops every past point's
-    /// sites and learns the batch with the memory's terms weighted
-    /// `n_seen / |M|`, in the E-step as in the M-step. Off: past points keep
-    /// their sites (the paper).
-    #[serde(default)]
-    pub memory_sample: bool,
+    /// How much of the past the memory stands for (see [`MemoryShare`]).
+    /// Checkpoints from before it held each point for itself (the paper).
+    #[serde(default = "own_share")]
+    pub memory_share: MemoryShare,
     pub seed: u64,
 }
 
@@ -120,7 +118,7 @@ impl Default for SequentialConfig {
             optimizer: Optimizer::Adam { lr: 0.01 },
             memory: MemoryPolicy::PerBatch { k: 10 },
             memory_control_variate: false,
-            memory_sample: false,
+            memory_share: MemoryShare::OWN,
             seed: 0,
         }
     }
@@ -150,9 +148,15 @@ impl SequentialConfig {
                 self.m_tolerance
             )));
         }
-        if self.memory_control_variate && self.memory_sample {
+        if !self.memory_share.is_valid() {
+            return Err(ModelError::Config(format!(
+                "the memory's share of the past {:?} must lie in [0, 1]",
+                self.memory_share
+            )));
+        }
+        if self.memory_control_variate && self.memory_share != MemoryShare::OWN {
             return Err(ModelError::Config(
-                "the memory is a control variate or a sample of the past, not both".into(),
+                "the memory is a control variate or a share of the past, not both".into(),
             ));
         }
         if self.past_in_m_step == PastInMStep::Message && !self.relearn_in_m_step {
@@ -163,6 +167,10 @@ impl SequentialConfig {
         }
         self.e_step.validate()
     }
+}
+
+fn own_share() -> MemoryShare {
+    MemoryShare::OWN
 }
 
 fn one() -> usize {
@@ -304,9 +312,8 @@ impl SequentialLearner {
             *slot += clock.elapsed().as_secs_f64();
             clock = Instant::now();
         };
-        // Past data but the memory, over the inducing inputs it was learned on
-        // (none when the memory is a sample of it: the M-step weights the memory instead).
-        let message = (self.config.past_in_m_step == PastInMStep::Message && !self.config.memory_sample).then(|| {
+        // Past data but the memory, over the inducing inputs it was learned on.
+        let message = (self.config.past_in_m_step == PastInMStep::Message).then(|| {
             let post = self.require().expect("initialised");
             let mut past = post.whitened.clone();
             for (past, mem) in past.iter_mut().zip(&self.memory.whitened_totals(post)) {
@@ -318,24 +325,28 @@ impl SequentialLearner {
             self.config.inducing_policy == InducingPolicy::Pivoted && self.n_seen > 0 && self.move_inducing(&x)?;
         lap(&mut seconds.inducing);
         self.learn_with_memory(shards).await?;
+        let share = self.stand_for_past(shards).await?;
         lap(&mut seconds.e_step);
+        // The message keeps the frozen sites' part; all of it is the memory's at a share of 1.
+        let message = message.filter(|_| share < 1.0).map(|m| m.scaled(1.0 - share));
+        let memory_weight = self.memory_weight(share, message.is_some());
         let rounds = if self.config.m_steps > 0 {
             self.config.m_rounds.max(1)
         } else {
             0
         };
         for round in 0..rounds {
-            let before = (self.config.reexpress_old_data && message.is_none() && !self.config.memory_sample)
+            let before = (self.config.reexpress_old_data && message.is_none() && share < 1.0)
                 .then(|| self.require().cloned())
                 .transpose()?;
-            self.m_step(shards, message.as_ref()).await?;
+            self.m_step(shards, message.as_ref(), memory_weight).await?;
             if let Some(before) = &before {
                 self.reexpress_old_data(shards, before).await?;
             }
             lap(&mut seconds.m_step);
             // The M-step ends at its best θ, not the last it tried: re-learn
             // there unless the sites are held from the E-step (the paper).
-            let moved_sites = before.is_some() || message.is_some() || self.config.memory_sample;
+            let moved_sites = before.is_some() || message.is_some() || share > 0.0;
             if moved_sites || round + 1 < rounds {
                 self.relearn(shards).await?;
             }
@@ -398,32 +409,75 @@ impl SequentialLearner {
         Ok(true)
     }
 
-    /// Steps 2–3: takes the memory's contribution out of the totals (all past
-    /// data's, when the memory is a sample of it) and runs the E-step over the
-    /// batch and the memory together from zero sites.
+    /// Steps 2–3: takes the memory's contribution out of the totals and runs
+    /// the E-step over the batch and the memory together from zero sites.
     async fn learn_with_memory(&mut self, shards: &mut impl Shards) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        let past = if self.config.memory_sample {
-            post.whitened.clone()
-        } else {
-            self.memory.whitened_totals(post)
-        };
-        for (totals, past) in post.whitened.iter_mut().zip(&past) {
-            totals.add(past, -1.0);
+        let memory = self.memory.whitened_totals(post);
+        for (totals, memory) in post.whitened.iter_mut().zip(&memory) {
+            totals.add(memory, -1.0);
         }
         post.refresh_sites()?;
-        let weighted = self.config.memory_control_variate || self.config.memory_sample;
-        let control = (weighted && !self.memory.is_empty()).then(|| ControlVariate {
-            weight: self.n_seen as f64 / self.memory.len() as f64,
-            sample: self.config.memory_sample,
-        });
         let begin = Query::Begin {
             model: self.current(),
             memory: self.memory.points.clone(),
-            control,
         };
         shards.ask(begin).await;
         self.e_steps(shards, self.config.e_step).await
+    }
+
+    /// How many past points each memory point stands for: `w = n_old / |M|`.
+    fn past_per_memory_point(&self) -> f64 {
+        self.n_seen as f64 / self.memory.len() as f64
+    }
+
+    /// Step 3b: the memory takes a share `γ` of the past from the frozen
+    /// sites (see [`MemoryShare`]): they keep `1 − γ` of their weight, the
+    /// memory's terms count `1 + γ(w − 1)` times, and the batch and the
+    /// memory are learned again under that estimate. Returns `γ`.
+    async fn stand_for_past(&mut self, shards: &mut impl Shards) -> Result<f64> {
+        if self.memory.is_empty() || self.config.memory_control_variate {
+            return Ok(0.0);
+        }
+        let share = match self.config.memory_share {
+            MemoryShare::Fixed(share) => share,
+            MemoryShare::Estimated => match shards.ask(Query::Drift { model: self.current() }).await {
+                Answer::Drift(drift) => estimated_share(&drift.total(), self.n_seen as f64),
+                other => return Err(unexpected("the memory's drift", &other)),
+            },
+        };
+        tracing::debug!(share, batch = self.batches, "the memory's share of the past");
+        if share == 0.0 {
+            return Ok(0.0);
+        }
+        let here = self
+            .totals(shards, Query::Contribution { model: self.current() })
+            .await?;
+        let control = ControlVariate {
+            weight: 1.0 + share * (self.past_per_memory_point() - 1.0),
+            sample: true,
+        };
+        let reweighted = self.stand_for_past_as(shards, control).await?;
+        let post = self.posterior.as_mut().expect("initialised");
+        let past = without(&post.whitened, &here);
+        for ((totals, past), change) in post.whitened.iter_mut().zip(&past).zip(&reweighted) {
+            totals.add(past, -share);
+            totals.add(change, 1.0);
+        }
+        post.refresh_sites()?;
+        self.e_steps(shards, self.config.e_step).await?;
+        Ok(share)
+    }
+
+    /// The weight of the memory's terms in the M-step: as in the E-step
+    /// beside past data's message; `w` without it (the paper's scaled memory,
+    /// or a memory that stands for all of the past).
+    fn memory_weight(&self, share: f64, with_message: bool) -> f64 {
+        match (self.memory.is_empty(), with_message) {
+            (true, _) => 1.0,
+            (false, true) => 1.0 + share * (self.past_per_memory_point() - 1.0),
+            (false, false) => self.past_per_memory_point(),
+        }
     }
 
     /// Step 4b, with the memory as a control variate: once `θ` is learned,
@@ -433,11 +487,23 @@ impl SequentialLearner {
         if !self.config.memory_control_variate || self.memory.is_empty() {
             return Ok(());
         }
-        let change = self
-            .totals(shards, Query::CorrectForPast { model: self.current() })
-            .await?;
+        let control = ControlVariate {
+            weight: self.past_per_memory_point(),
+            sample: false,
+        };
+        let change = self.stand_for_past_as(shards, control).await?;
         self.add_to_totals(&change)?;
         self.e_steps(shards, self.config.e_step).await
+    }
+
+    /// The memory's points stand for past data as `control` says from now
+    /// on: the change of their contribution to the totals.
+    async fn stand_for_past_as(&self, shards: &mut impl Shards, control: ControlVariate) -> Result<Vec<Sites>> {
+        let query = Query::CorrectForPast {
+            model: self.current(),
+            control,
+        };
+        self.totals(shards, query).await
     }
 
     /// Damped site updates over the batch and the memory, none lowering the
@@ -547,15 +613,15 @@ impl SequentialLearner {
     /// sites held (and the batch's and memory's too, unless re-learning); the
     /// memory's terms are scaled by `n_old / |M|` to stand for all past data,
     /// or past data keeps its message (see [`PastInMStep`]).
-    async fn m_step(&mut self, shards: &mut impl Shards, message: Option<&PastMessage>) -> Result<()> {
+    async fn m_step(
+        &mut self,
+        shards: &mut impl Shards,
+        message: Option<&PastMessage>,
+        memory_weight: f64,
+    ) -> Result<()> {
         let mut past = match message {
             Some(message) => Some(self.past(shards, message.clone()).await?),
             None => None,
-        };
-        let memory_weight = if self.memory.is_empty() || past.is_some() {
-            1.0
-        } else {
-            self.n_seen as f64 / self.memory.len() as f64
         };
         let theta = hyperparameters(self.kernel(), &self.likelihood);
         match self.config.optimizer {
@@ -722,15 +788,13 @@ impl SequentialLearner {
         };
         let members: HashSet<PointId> = keep.into_iter().chain(stay).collect();
         let mut kept: Vec<MemoryPoint> = points.into_iter().filter(|p| members.contains(&p.id)).collect();
+        // A point keeps the sites it was first learned with: the frozen sites' bias shows against them.
         for p in &mut kept {
-            p.first = match (self.config.memory_control_variate, p.first.take()) {
-                (false, _) => None,
-                (true, Some(first)) => Some(first),
-                (true, None) => Some(FirstSites {
-                    s1: p.s1.clone(),
-                    s2: p.s2.clone(),
-                }),
-            };
+            let held = (&p.s1, &p.s2);
+            p.first.get_or_insert_with(|| FirstSites {
+                s1: held.0.clone(),
+                s2: held.1.clone(),
+            });
         }
         self.memory = Memory::of(kept);
         Ok(())

@@ -19,11 +19,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::estep::{site_update, Anchored, PointSites, StepSize};
-use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, ControlVariate, MemoryPoint};
+use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
 use crate::model::dual::point::{point_uniform, splitmix64, PointId};
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
+use crate::model::dual::share::{ControlVariate, Drift};
 use crate::model::dual::snapshot::Snapshot;
+use crate::model::likelihood::Expectation;
 use crate::model::math::kernel::Kernel;
 
 /// How many blocks the points are summed in. Up to this many workers share
@@ -58,14 +60,8 @@ pub enum Query {
     /// The batch's inputs (only the round that announces a batch answers it).
     Arrivals,
     /// Start from zero sites on the batch and the memory points this shard
-    /// owns, under `model`.
-    Begin {
-        model: Snapshot,
-        memory: Vec<MemoryPoint>,
-        /// The memory as a control variate for all past data, once
-        /// [`CorrectForPast`](Query::CorrectForPast) asks; until then each point stands for itself.
-        control: Option<ControlVariate>,
-    },
+    /// owns, under `model`; each memory point stands for itself.
+    Begin { model: Snapshot, memory: Vec<MemoryPoint> },
     /// One damped E-step: the points' expected log-likelihood before it, and
     /// the change of their contribution to the totals.
     EStep { model: Snapshot, step: StepSize },
@@ -79,9 +75,12 @@ pub enum Query {
     Contribution { model: Snapshot },
     /// Kernel columns under `model` replace the old ones: the change of the contribution.
     Recolumn { model: Snapshot },
-    /// From now on the memory points count as `Begin`'s control variate: the
-    /// change of the contribution.
-    CorrectForPast { model: Snapshot },
+    /// From now on the memory points stand for past data as `control`
+    /// says: the change of the contribution.
+    CorrectForPast { model: Snapshot, control: ControlVariate },
+    /// What the memory points show of their first sites' bias, per latent
+    /// (see [`Drift`]).
+    Drift { model: Snapshot },
     /// Reservoir keys of the batch's records, by BLS or uniform.
     Keys {
         model: Snapshot,
@@ -107,6 +106,7 @@ pub enum Answer {
     Terms(BlockSums<DataTerms>),
     Keys(Vec<(PointId, f64)>),
     Memory(Vec<MemoryPoint>),
+    Drift(BlockSums<Vec<Drift>>),
 }
 
 impl Answer {
@@ -124,6 +124,7 @@ impl Answer {
             (Answer::Totals(a), Answer::Totals(b)) => Answer::Totals(a.merge(b)),
             (Answer::Step(a), Answer::Step(b)) => Answer::Step(a.merge(b)),
             (Answer::Terms(a), Answer::Terms(b)) => Answer::Terms(a.merge(b)),
+            (Answer::Drift(a), Answer::Drift(b)) => Answer::Drift(a.merge(b)),
             (Answer::Keys(mut a), Answer::Keys(b)) => {
                 a.extend(b);
                 a.sort_by_key(|k| k.0);
@@ -164,6 +165,14 @@ impl Summand for SiteStep {
     fn add(&mut self, other: &Self) {
         self.expected += other.expected;
         self.change.add(&other.change);
+    }
+}
+
+impl Summand for Vec<Drift> {
+    fn add(&mut self, other: &Self) {
+        for (a, b) in self.iter_mut().zip(other) {
+            a.add(b);
+        }
     }
 }
 
@@ -271,7 +280,8 @@ impl Query {
             | Query::Gradient { model, .. }
             | Query::Contribution { model }
             | Query::Recolumn { model }
-            | Query::CorrectForPast { model }
+            | Query::CorrectForPast { model, .. }
+            | Query::Drift { model }
             | Query::Keys { model, .. }
             | Query::Finish { model, .. } => Some(model),
             Query::Arrivals | Query::Restore | Query::Leave { .. } => None,
@@ -290,10 +300,9 @@ struct Block {
     /// Its memory points; their columns and sites are brought up to date
     /// when the update finishes.
     memory: Vec<MemoryPoint>,
-    /// `Begin`'s control variate, and whether the memory counts as it yet.
+    /// How the memory stands for past data, once [`Query::CorrectForPast`] said.
     control: Option<ControlVariate>,
-    corrected: bool,
-    /// The memory points' first sites, with a control variate.
+    /// The memory points' first sites.
     first: PointSites,
     /// Batch records then memory points.
     points: Option<Data>,
@@ -350,7 +359,6 @@ impl Block {
             batch: data.filter(|d| d.n() > 0).map(|d| d.select(&order)),
             memory: Vec::new(),
             control: None,
-            corrected: false,
             first: PointSites::zeros(0, 0),
             points: None,
             columns: None,
@@ -370,16 +378,16 @@ impl Block {
         let held = matches!(query, Query::Recolumn { .. }).then(|| self.contribution().into_owned());
         match query {
             Query::Arrivals => self.arrivals(),
-            Query::Begin { model, control, .. } => self.begin(model, *control),
+            Query::Begin { model, .. } => self.begin(model),
             Query::EStep { model, step } => match (&self.points, &self.columns) {
                 (Some(points), Some(columns)) => {
                     debug_assert!(columns.are_under(&model.posterior), "E-steps follow Begin or Recolumn");
                     let [before_last, last] = &mut self.step_starts;
                     std::mem::swap(before_last, last);
                     last.clone_from(&self.sites);
-                    // Only a control variate's memory holds other sites than its own.
-                    let before = self.active_control().map(|_| self.contribution().into_owned());
-                    let anchored = self.active_control().map(|control| Anchored {
+                    // Only a memory that stands for past data holds other sites than its own.
+                    let before = self.control.map(|_| self.contribution().into_owned());
+                    let anchored = self.control.map(|control| Anchored {
                         from: self.batch_ids.len(),
                         control,
                         first: &self.first,
@@ -458,7 +466,8 @@ impl Block {
                 seed,
                 by_leverage,
             } => self.keys(model, *seed, *by_leverage),
-            Query::CorrectForPast { model } => self.correct_for_past(model),
+            Query::CorrectForPast { model, control } => self.correct_for_past(model, *control),
+            Query::Drift { model } => self.drift(model),
             Query::Leave { leaving } => self.leave(leaving),
             Query::Finish { keep, .. } => self.finish(keep),
         }
@@ -477,34 +486,55 @@ impl Block {
         }
     }
 
-    /// The sites the block's points hold in the totals: their own, but a
-    /// control variate's memory points.
+    /// The sites the block's points hold in the totals: their own, but
+    /// memory points that stand for past data.
     fn contribution(&self) -> Cow<'_, PointSites> {
-        match self.active_control() {
+        match self.control {
             None => Cow::Borrowed(&self.sites),
             Some(control) => Cow::Owned(contribution(&self.sites, self.n_batch(), control, &self.first)),
         }
     }
 
-    fn active_control(&self) -> Option<ControlVariate> {
-        self.control.filter(|_| self.corrected)
-    }
-
-    fn correct_for_past(&mut self, model: &Snapshot) -> Answer {
+    fn correct_for_past(&mut self, model: &Snapshot, control: ControlVariate) -> Answer {
         let Some(columns) = &self.columns else {
             return Answer::Nothing;
         };
         debug_assert!(columns.are_under(&model.posterior), "the correction follows an E-step");
-        let mut change = self.sites.clone();
-        self.corrected = true;
+        let before = self.contribution().into_owned();
+        self.control = Some(control);
+        let mut change = before;
         let held = self.contribution();
         change.s1 = &held.s1 - &change.s1;
         change.s2 = &held.s2 - &change.s2;
         Answer::Totals(BlockSums::one(self.block, change.totals(&columns.cross.a)))
     }
 
+    /// Each memory point's pull on `u` against the pull its first sites
+    /// would exert at the current posterior.
+    fn drift(&self, model: &Snapshot) -> Answer {
+        let (Some(points), Some(columns)) = (&self.points, &self.columns) else {
+            return Answer::Nothing;
+        };
+        debug_assert!(columns.are_under(&model.posterior), "the drift follows an E-step");
+        let post = &model.posterior;
+        let n_batch = self.n_batch();
+        let mut drift = vec![Drift::zeros(post.m()); post.n_latent()];
+        let memory = (n_batch..points.n()).collect::<Vec<_>>();
+        let cross = columns.cross.select(&memory);
+        let mut e = Expectation::default();
+        post.marginals(&cross).for_each_point(|k, mean, var| {
+            model.likelihood.expectation(mean, var, points.y()[n_batch + k], &mut e);
+            let a = cross.a.column(k).into_owned();
+            for (c, d) in drift.iter_mut().enumerate() {
+                let first_pull = self.first.s1[(k, c)] - self.first.s2[(k, c)] * mean[c];
+                d.add_point(&a, e.d_mean[c], first_pull);
+            }
+        });
+        Answer::Drift(BlockSums::one(self.block, drift))
+    }
+
     fn leave(&self, leaving: &[PointId]) -> Answer {
-        let (Some(columns), Some(_)) = (&self.columns, self.active_control()) else {
+        let (Some(columns), Some(_)) = (&self.columns, self.control) else {
             return Answer::Nothing;
         };
         let rows: Vec<usize> = (0..self.memory.len())
@@ -522,7 +552,7 @@ impl Block {
         Answer::Totals(BlockSums::one(self.block, beyond.totals(&a)))
     }
 
-    fn begin(&mut self, model: &Snapshot, control: Option<ControlVariate>) -> Answer {
+    fn begin(&mut self, model: &Snapshot) -> Answer {
         let d = model.posterior.d();
         let n = self.n_batch() + self.memory.len();
         self.points = (n > 0).then(|| {
@@ -542,12 +572,9 @@ impl Block {
         self.columns = self.points.as_ref().map(|p| Columns::under(&model.posterior, p.x()));
         let n_latent = model.posterior.n_latent();
         self.sites = PointSites::zeros(n, n_latent);
-        self.control = control;
-        // A sample of the past has no first sites and counts as one from the start.
-        let sample = control.is_some_and(|c| c.sample);
-        self.corrected = sample;
+        self.control = None;
         self.first = PointSites::zeros(self.memory.len(), n_latent);
-        for (k, p) in self.memory.iter().enumerate().filter(|_| !sample) {
+        for (k, p) in self.memory.iter().enumerate() {
             let first = p.first.as_ref().map_or((&p.s1, &p.s2), |f| (&f.s1, &f.s2));
             for c in 0..n_latent {
                 self.first.s1[(k, c)] = first.0[c];
