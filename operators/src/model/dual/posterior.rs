@@ -407,11 +407,12 @@ impl DualPosterior {
         let f = self.factors();
         let mut mean = DMatrix::zeros(n, self.n_latent());
         let mut var = DMatrix::zeros(n, self.n_latent());
-        let mut b = cross.a.clone();
+        let mut b = DMatrix::zeros(cross.a.nrows(), n);
         for c in 0..self.n_latent() {
             mean.set_column(c, &cross.a.tr_mul(&f.m_v[c]));
-            b.copy_from(&cross.a);
-            solve_lower_in_place(&f.chol_d[c], &mut b);
+            // `L_D⁻¹A` as one product with the cached inverse: twice the
+            // flops of the triangular solve, at the matrix product's speed.
+            b.gemm(1.0, f.d_inv_half(c), &cross.a, 0.0);
             var.set_column(c, &(&cross.residual_var + column_sq_norms(&b)));
         }
         Marginals { mean, var }

@@ -359,6 +359,14 @@ impl SequentialLearner {
 
         self.n_seen += x.nrows() as u64;
         self.batches += 1;
+        tracing::debug!(
+            batch = self.batches,
+            inducing = seconds.inducing,
+            e_step = seconds.e_step,
+            m_step = seconds.m_step,
+            memory = seconds.memory,
+            "update seconds"
+        );
         Ok(UpdateReport {
             batch: self.batches,
             n_seen: self.n_seen,

@@ -418,10 +418,21 @@ impl Stationary {
     }
 
     fn matrix_with(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, f: impl Fn(f64) -> f64) -> DMatrix<f64> {
-        let (a_s, b_s) = self.scaled(a, b);
-        let mut k = sq_dist_matrix(&a_s, &b_s);
+        let mut k = self.scaled_sq_dist(a, b);
         k.apply(|x| *x = self.variance * f(*x));
         k
+    }
+
+    /// `r²_ij = Σ_k (a_ik − b_jk)²/ℓ_k²`. One lengthscale divides the plain
+    /// squared distances, without scaled copies of the inputs (at 784 pixels
+    /// those copies, made at every call, were most of the kernel's time).
+    fn scaled_sq_dist(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+        if let [l] = self.lengthscales[..] {
+            sq_dist_matrix(a, b) / (l * l)
+        } else {
+            let (a_s, b_s) = self.scaled(a, b);
+            sq_dist_matrix(&a_s, &b_s)
+        }
     }
 
     /// `∂K/∂log σ² = K`, and `∂K/∂log ℓ_k = σ² f'(r²) · (−2 Δ_k²/ℓ_k²)`,
@@ -437,8 +448,7 @@ impl Stationary {
         if a.nrows() == 0 || b.nrows() == 0 {
             return grad;
         }
-        let (a_s, b_s) = self.scaled(a, b);
-        let r2 = sq_dist_matrix(&a_s, &b_s);
+        let r2 = self.scaled_sq_dist(a, b);
         let mut gf = 0.0;
         let mut w = DMatrix::zeros(a.nrows(), b.nrows()); // G ∘ f'(R²)
         for ((wij, &rij), &gij) in w.iter_mut().zip(r2.iter()).zip(g.iter()) {
@@ -451,6 +461,7 @@ impl Stationary {
             // Σ_k Δ_k²/ℓ² is r² itself.
             grad[1] = -2.0 * self.variance * w.dot(&r2);
         } else {
+            let (a_s, b_s) = self.scaled(a, b);
             for (gk, sum) in grad.iter_mut().skip(1).zip(weighted_sq_diffs(&a_s, &b_s, &w)) {
                 *gk = -2.0 * self.variance * sum;
             }
@@ -537,7 +548,11 @@ fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
 }
 
 fn row_sq_norms(x: &DMatrix<f64>) -> DVector<f64> {
-    x.component_mul(x).column_sum()
+    let mut norms = DVector::zeros(x.nrows());
+    for col in x.column_iter() {
+        norms.zip_apply(&col, |n, v| *n += v * v);
+    }
+    norms
 }
 
 /// `Σ_ij W_ij (a_ik − b_jk)²` for every input k, expanded into
