@@ -204,8 +204,8 @@ fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
         format!("offsets committed through epoch {e}")
     });
     println!(
-        "dualgp serve: {} records scored, {} predictions sent, {} dead letters, {} updates over {} epochs; {committed}",
-        s.records, s.predictions, s.dead_letters, s.updates, s.epochs
+        "dualgp serve: {} records scored, {} predictions sent, {} dead letters, {} updates over {} epochs ({} failed); {committed}",
+        s.records, s.predictions, s.dead_letters, s.updates, s.epochs, s.failed_updates
     );
     Ok(())
 }

@@ -1,225 +1,220 @@
-//! `serve`'s metrics in the Prometheus text format, on a small HTTP endpoint
-//! (127.0.0.1 by default): counters of records in and out and dead letters,
-//! and histograms of epoch latency (first record read → predictions
-//! delivered) and of staleness (epochs a record's model lagged behind it).
+//! `serve`'s metrics in the Prometheus text format (the `prometheus` crate),
+//! on a small HTTP endpoint (127.0.0.1 by default; `tiny_http`, which reads
+//! each client on its own thread, so a client that connects and says nothing
+//! holds up no one): counters of records in and out, dead letters, updates
+//! applied and failed, epochs; histograms of epoch latency (first record
+//! read → predictions delivered) and of staleness (epochs a record's model
+//! lagged behind it). The names are a contract: outside checks read them.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-/// A cumulative Prometheus histogram.
-#[derive(Debug, Clone)]
-struct Histogram {
-    name: &'static str,
-    help: &'static str,
-    /// Upper bounds of the buckets.
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Registry, TextEncoder};
 
-impl Histogram {
-    fn new(name: &'static str, help: &'static str, bounds: &'static [f64]) -> Self {
-        Histogram {
-            name,
-            help,
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    fn observe(&mut self, value: f64) {
-        for (count, &bound) in self.counts.iter_mut().zip(self.bounds) {
-            if value <= bound {
-                *count += 1;
-            }
-        }
-        self.sum += value;
-        self.count += 1;
-    }
-
-    fn render(&self, out: &mut String) {
-        let Histogram { name, help, .. } = self;
-        *out += &format!("# HELP {name} {help}\n# TYPE {name} histogram\n");
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            *out += &format!("{name}_bucket{{le=\"{bound}\"}} {count}\n");
-        }
-        *out += &format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.count);
-        *out += &format!("{name}_sum {}\n{name}_count {}\n", self.sum, self.count);
-    }
-}
-
-#[derive(Debug, Clone)]
+/// Every metric `serve` keeps; clones share the counts.
+#[derive(Clone)]
 pub struct Metrics {
-    pub records_in: u64,
-    pub predictions_out: u64,
-    pub dead_letters: u64,
-    pub updates: u64,
-    pub epochs: u64,
+    registry: Registry,
+    pub records_in: IntCounter,
+    pub predictions_out: IntCounter,
+    pub dead_letters: IntCounter,
+    pub updates: IntCounter,
+    /// Updates that failed, the model left as it was (see `reduce_stage`).
+    pub updates_failed: IntCounter,
+    pub epochs: IntCounter,
     epoch_latency: Histogram,
     staleness: Histogram,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("a valid metric name");
+            registry.register(Box::new(c.clone())).expect("registered once");
+            c
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .expect("valid buckets");
+            registry.register(Box::new(h.clone())).expect("registered once");
+            h
+        };
         Metrics {
-            records_in: 0,
-            predictions_out: 0,
-            dead_letters: 0,
-            updates: 0,
-            epochs: 0,
-            epoch_latency: Histogram::new(
+            records_in: counter("dualgp_records_in_total", "Records decoded from the input."),
+            predictions_out: counter("dualgp_predictions_out_total", "Predictions delivered."),
+            dead_letters: counter(
+                "dualgp_dead_letters_total",
+                "Messages or records sent to the dead-letter topic.",
+            ),
+            updates: counter("dualgp_updates_total", "Model updates applied."),
+            updates_failed: counter(
+                "dualgp_updates_failed_total",
+                "Model updates that failed; the model stayed as it was before the epoch.",
+            ),
+            epochs: counter("dualgp_epochs_total", "Epochs read."),
+            epoch_latency: histogram(
                 "dualgp_epoch_latency_seconds",
                 "From an epoch's first record read to its predictions delivered.",
                 &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
             ),
-            staleness: Histogram::new(
+            staleness: histogram(
                 "dualgp_prediction_staleness_epochs",
                 "Epochs before a record's own that the model which scored it had not learned.",
                 &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0],
             ),
+            registry,
         }
     }
 }
 
 impl Metrics {
-    pub fn observe_epoch_latency(&mut self, seconds: f64) {
+    pub fn observe_epoch_latency(&self, seconds: f64) {
         self.epoch_latency.observe(seconds);
     }
 
-    pub fn observe_staleness(&mut self, epochs: u64) {
+    pub fn observe_staleness(&self, epochs: u64) {
         self.staleness.observe(epochs as f64);
+    }
+
+    /// Raises the epochs read to `epochs` (a counter only goes up).
+    pub fn saw_epochs(&self, epochs: u64) {
+        let seen = self.epochs.get();
+        if epochs > seen {
+            self.epochs.inc_by(epochs - seen);
+        }
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let counters = [
-            (
-                "dualgp_records_in_total",
-                "Records decoded from the input.",
-                self.records_in,
-            ),
-            (
-                "dualgp_predictions_out_total",
-                "Predictions delivered.",
-                self.predictions_out,
-            ),
-            (
-                "dualgp_dead_letters_total",
-                "Messages or records sent to the dead-letter topic.",
-                self.dead_letters,
-            ),
-            ("dualgp_updates_total", "Model updates applied.", self.updates),
-            ("dualgp_epochs_total", "Epochs read.", self.epochs),
-        ];
-        for (name, help, value) in counters {
-            out += &format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
-        }
-        self.epoch_latency.render(&mut out);
-        self.staleness.render(&mut out);
-        out
+        let mut out = Vec::new();
+        // Encoding into memory fails only on a metric the registry refused.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
     }
 }
 
-/// Answers every HTTP request on `addr` with the metrics until `stop` is set.
-/// Returns the bound address (port 0 picks a free one) and the thread.
-pub fn serve_http(
+/// The metrics endpoint while it runs.
+pub struct Endpoint {
+    server: Arc<tiny_http::Server>,
+    thread: JoinHandle<()>,
     addr: SocketAddr,
-    metrics: Arc<Mutex<Metrics>>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+}
+
+impl Endpoint {
+    /// The address it listens on (port 0 asked for any).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops answering and waits for the answering thread.
+    pub fn stop(self) {
+        self.server.unblock();
+        let _ = self.thread.join();
+    }
+}
+
+/// Answers every HTTP request on `addr` with the metrics until stopped.
+pub fn serve_http(addr: SocketAddr, metrics: Metrics) -> std::io::Result<Endpoint> {
     let listener = TcpListener::bind(addr)?;
-    let bound = listener.local_addr()?;
-    // Non-blocking accept, so the thread notices `stop` within a tick.
-    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
+    let server = Arc::new(server);
+    let requests = Arc::clone(&server);
+    let content_type = tiny_http::Header::from_bytes("Content-Type", TextEncoder::new().format_type())
+        .expect("a valid header");
+    // Requests come here once read whole; answering one is a write of a few
+    // kilobytes, so one thread answers them all.
     let thread = std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            match listener.accept() {
-                Ok((mut stream, _)) => {
-                    let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-                    // Every path gets the metrics, but the request head must be read
-                    // whole: closing on unread bytes resets the connection under the client.
-                    read_request_head(&mut stream);
-                    let body = metrics.lock().map(|m| m.render()).unwrap_or_default();
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
+        for request in requests.incoming_requests() {
+            let response = tiny_http::Response::from_string(metrics.render()).with_header(content_type.clone());
+            let _ = request.respond(response);
         }
     });
-    Ok((bound, thread))
-}
-
-/// Reads until the blank line that ends an HTTP request head, a read error or
-/// timeout, end of stream, or 8 KiB, whichever comes first.
-fn read_request_head(stream: &mut impl Read) {
-    let mut head = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&chunk[..n]),
-        }
-    }
+    Ok(Endpoint { server, thread, addr })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
     use std::net::TcpStream;
+    use std::time::Duration;
 
     use super::*;
 
+    fn scrape(addr: SocketAddr) -> String {
+        let mut scraper = TcpStream::connect(addr).unwrap();
+        scraper.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(scraper, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        scraper.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// A client that connects and sends nothing holds the connection open:
+    /// a scrape beside it is answered while it still waits, not after the
+    /// server gives up on it.
+    #[test]
+    fn a_client_that_sends_nothing_does_not_block_scraping() {
+        let metrics = Metrics::default();
+        metrics.records_in.inc_by(3);
+        let endpoint = serve_http("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let silent = TcpStream::connect(endpoint.addr()).unwrap();
+        let answer = scrape(endpoint.addr());
+        assert!(answer.lines().any(|l| l == "dualgp_records_in_total 3"), "{answer}");
+        // Nothing came back to the silent client yet: it was not served first.
+        silent.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        let unanswered = matches!((&silent).read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        drop(silent);
+        endpoint.stop();
+        assert!(unanswered, "the silent client was dealt with before the scrape");
+    }
+
     #[test]
     fn the_endpoint_answers_with_counters_and_a_cumulative_histogram() {
-        let metrics = Arc::new(Mutex::new(Metrics::default()));
-        {
-            let mut m = metrics.lock().unwrap();
-            m.records_in = 12;
-            m.predictions_out = 10;
-            m.dead_letters = 2;
-            for s in [0.02, 0.3, 0.3, 7.0] {
-                m.observe_epoch_latency(s);
-            }
-            for epochs in [0, 0, 3] {
-                m.observe_staleness(epochs);
-            }
+        let metrics = Metrics::default();
+        metrics.records_in.inc_by(12);
+        metrics.predictions_out.inc_by(10);
+        metrics.dead_letters.inc_by(2);
+        metrics.updates_failed.inc();
+        metrics.saw_epochs(4);
+        metrics.saw_epochs(3);
+        for s in [0.02, 0.3, 0.3, 7.0] {
+            metrics.observe_epoch_latency(s);
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let (addr, thread) = serve_http("127.0.0.1:0".parse().unwrap(), metrics, Arc::clone(&stop)).unwrap();
+        for epochs in [0, 0, 3] {
+            metrics.observe_staleness(epochs);
+        }
+        let endpoint = serve_http("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let addr = endpoint.addr();
         let mut stream = TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         // Sent in pieces with pauses: the server must wait for the whole head.
         for piece in [
             "GET /metrics HTTP/1.1\r\n".to_string(),
             format!("Host: {addr}\r\n"),
-            "\r\n".to_string(),
+            "Connection: close\r\n\r\n".to_string(),
         ] {
             stream.write_all(piece.as_bytes()).unwrap();
             std::thread::sleep(Duration::from_millis(100));
         }
         let mut answer = String::new();
         stream.read_to_string(&mut answer).unwrap();
-        stop.store(true, Ordering::SeqCst);
-        thread.join().unwrap();
+        endpoint.stop();
 
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.contains("text/plain; version=0.0.4"), "{answer}");
         for line in [
+            "# TYPE dualgp_records_in_total counter",
             "dualgp_records_in_total 12",
             "dualgp_predictions_out_total 10",
             "dualgp_dead_letters_total 2",
+            "dualgp_updates_total 0",
+            "dualgp_updates_failed_total 1",
+            "dualgp_epochs_total 4",
+            "# TYPE dualgp_epoch_latency_seconds histogram",
             "dualgp_epoch_latency_seconds_bucket{le=\"0.025\"} 1",
             "dualgp_epoch_latency_seconds_bucket{le=\"0.5\"} 3",
             "dualgp_epoch_latency_seconds_bucket{le=\"5\"} 3",
@@ -233,5 +228,19 @@ mod tests {
         ] {
             assert!(answer.lines().any(|l| l == line), "no `{line}` in\n{answer}");
         }
+    }
+
+    #[test]
+    fn many_scrapes_at_once_are_all_answered() {
+        let metrics = Metrics::default();
+        metrics.updates.inc();
+        let endpoint = serve_http("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let addr = endpoint.addr();
+        let scrapers: Vec<_> = (0..8).map(|_| std::thread::spawn(move || scrape(addr))).collect();
+        for s in scrapers {
+            let answer = s.join().unwrap();
+            assert!(answer.lines().any(|l| l == "dualgp_updates_total 1"), "{answer}");
+        }
+        endpoint.stop();
     }
 }

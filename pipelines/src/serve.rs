@@ -115,6 +115,8 @@ pub struct ServeSummary {
     pub epochs: u64,
     /// Updates applied in this run.
     pub updates: u64,
+    /// Updates that failed in this run (the model stayed as it was).
+    pub failed_updates: u64,
     pub last_checkpoint: Option<u64>,
     pub committed_epoch: Option<u64>,
 }
@@ -216,19 +218,18 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             last_input: Some(Instant::now()),
             ..Shared::default()
         })),
-        metrics: Arc::new(Mutex::new(Metrics::default())),
+        metrics: Metrics::default(),
         stop,
         scaling,
         store,
         idle_exit: args.idle_exit,
     };
-    let endpoint_stop = Arc::new(AtomicBool::new(false));
     let endpoint = match args.metrics_port {
         Some(port) => {
             let addr = std::net::SocketAddr::new(args.metrics_host, port);
-            let (_, thread) = serve_http(addr, Arc::clone(&serving.metrics), Arc::clone(&endpoint_stop))
+            let endpoint = serve_http(addr, serving.metrics.clone())
                 .with_context(|| format!("cannot serve metrics on {addr}; choose another --metrics-port"))?;
-            Some(thread)
+            Some(endpoint)
         }
         None => None,
     };
@@ -242,7 +243,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         opened.push(Some((source, predictions, dead)));
     }
     let connections = Mutex::new(opened);
-    let (state, metrics) = (Arc::clone(&serving.state), Arc::clone(&serving.metrics));
+    let (state, metrics) = (Arc::clone(&serving.state), serving.metrics.clone());
     let joined = wiring::execute(timely::Config::process(args.workers), move |worker| {
         let (source, predictions, dead) = locked(&connections)[worker.index()]
             .take()
@@ -250,22 +251,21 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         let mut ends = KafkaEnds::new(worker, serving.clone(), source, predictions, dead);
         wiring::run_worker(worker, &start, &mut ends);
     });
-    endpoint_stop.store(true, Ordering::SeqCst);
-    if let Some(thread) = endpoint {
-        let _ = thread.join();
+    if let Some(endpoint) = endpoint {
+        endpoint.stop();
     }
     joined?;
     let s = std::mem::take(&mut *locked(&state));
     if let Some(e) = s.error {
         bail!("{e}");
     }
-    let m = locked(&metrics);
     Ok(ServeSummary {
-        records: m.records_in,
-        predictions: m.predictions_out,
-        dead_letters: m.dead_letters,
-        epochs: m.epochs,
-        updates: m.updates,
+        records: metrics.records_in.get(),
+        predictions: metrics.predictions_out.get(),
+        dead_letters: metrics.dead_letters.get(),
+        epochs: metrics.epochs.get(),
+        updates: metrics.updates.get(),
+        failed_updates: metrics.updates_failed.get(),
         last_checkpoint: s.checkpointed,
         committed_epoch: s.committed_epoch,
     })
@@ -281,7 +281,7 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Clone)]
 struct Serving {
     state: Arc<Mutex<Shared>>,
-    metrics: Arc<Mutex<Metrics>>,
+    metrics: Metrics,
     /// Set by a signal, `--idle-exit` or an error: workers finish what they read.
     stop: Arc<AtomicBool>,
     scaling: Standardizer,
@@ -346,11 +346,11 @@ impl KafkaEnds {
     /// after `--idle-exit` without input.
     fn note_read(&mut self, part: &EpochPart<KafkaPosition>, streamed: usize) {
         let mut s = locked(&self.serving.state);
-        let mut m = locked(&self.serving.metrics);
-        m.records_in += (streamed + part.records.len()) as u64;
-        m.dead_letters += part.dead_letters.len() as u64;
-        m.epochs = m.epochs.max(part.epoch + 1);
-        drop(m);
+        let m = &self.serving.metrics;
+        m.records_in.inc_by((streamed + part.records.len()) as u64);
+        m.dead_letters.inc_by(part.dead_letters.len() as u64);
+        // Under the state's lock: one worker at a time raises it.
+        m.saw_epochs(part.epoch + 1);
         s.positions.entry(part.epoch).or_default().push(part.position.clone());
         if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
             s.last_input = Some(Instant::now());
@@ -369,7 +369,7 @@ impl KafkaEnds {
         let everyone = s.delivered.iter().copied().min().unwrap_or(0);
         while let Some(entry) = s.read_at.first_entry().filter(|e| *e.key() < everyone) {
             let latency = entry.remove().elapsed().as_secs_f64();
-            locked(&self.serving.metrics).observe_epoch_latency(latency);
+            self.serving.metrics.observe_epoch_latency(latency);
         }
         let safe = if self.checkpointing() {
             s.checkpointed.map_or(0, |e| e + 1)
@@ -412,7 +412,7 @@ impl Ends for KafkaEnds {
             ..
         } = &self.serving;
         let (s1, s2, s3) = (Arc::clone(state), Arc::clone(state), Arc::clone(state));
-        let (m1, m2, m3) = (Arc::clone(metrics), Arc::clone(metrics), Arc::clone(metrics));
+        let (m1, m2, m3) = (metrics.clone(), metrics.clone(), metrics.clone());
         let (p1, d1, scale) = (Rc::clone(&self.predictions), Rc::clone(&self.dead), scaling.clone());
         gp.predictions
             .inspect_core(move |event| {
@@ -420,9 +420,8 @@ impl Ends for KafkaEnds {
                 let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
                 match p1.send(&out) {
                     Ok(()) => {
-                        let mut m = locked(&m1);
-                        m.predictions_out += out.len() as u64;
-                        out.iter().for_each(|p| m.observe_staleness(p.staleness()));
+                        m1.predictions_out.inc_by(out.len() as u64);
+                        out.iter().for_each(|p| m1.observe_staleness(p.staleness()));
                     }
                     Err(e) => drop(locked(&s1).error.get_or_insert(e.to_string())),
                 }
@@ -436,13 +435,16 @@ impl Ends for KafkaEnds {
                 if let Err(e) = d1.send(&letters) {
                     locked(&s2).error.get_or_insert(e.to_string());
                 }
-                locked(&m2).dead_letters += letters.len() as u64;
+                m2.dead_letters.inc_by(letters.len() as u64);
             })
             .probe_with(&self.delivery)
             .probe_with(probe);
         let updates = gp.updates.inspect(move |u| match &u.outcome {
-            Ok(_) => locked(&m3).updates += 1,
-            Err(why) => tracing::error!("epoch {} could not be learned: {why}", u.epoch),
+            Ok(_) => m3.updates.inc(),
+            Err(why) => {
+                m3.updates_failed.inc();
+                tracing::error!("epoch {} could not be learned, the model stays as it was: {why}", u.epoch);
+            }
         });
         match store.clone() {
             Some(store) => {
