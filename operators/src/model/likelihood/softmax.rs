@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::Expectation;
+use crate::model::math::exp::exp_nonpositive_in_place;
 use crate::model::math::quadrature::LogSumExp;
 
 /// The softmax likelihood bound to its cached standard-normal sample.
@@ -53,41 +54,54 @@ impl Softmax {
     }
 
     /// Calls `visit` on every antithetic draw, using per-thread scratch so the
-    /// E-step loop does not allocate.
+    /// E-step loop does not allocate. All draws' latents are made first, so
+    /// that one vectorised `exp` runs over all of them.
     fn for_each_draw(&self, mean: &[f64], var: &[f64], mut visit: impl FnMut(&SoftmaxDraw)) {
         thread_local! {
             static SCRATCH: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
         }
         let c = self.classes;
+        let draws = self.n_draws();
         SCRATCH.with_borrow_mut(|scratch| {
-            scratch.resize(3 * c, 0.0);
+            scratch.resize(c + 2 * draws * c + draws, 0.0);
             let (sd, rest) = scratch.split_at_mut(c);
-            let (f, probs) = rest.split_at_mut(c);
+            let (f, rest) = rest.split_at_mut(draws * c);
+            let (probs, log_norm) = rest.split_at_mut(draws * c);
             for (s, v) in sd.iter_mut().zip(var) {
                 *s = v.max(SOFTMAX_VAR_FLOOR).sqrt();
             }
-            for eps in self.eps.chunks_exact(c) {
-                for sign in [1.0, -1.0] {
-                    for k in 0..c {
-                        f[k] = mean[k] + sign * sd[k] * eps[k];
-                    }
-                    let max = f.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let mut total = 0.0;
-                    for (p, fk) in probs.iter_mut().zip(f.iter()) {
-                        *p = (fk - max).exp();
-                        total += *p;
-                    }
-                    let inv_total = total.recip();
-                    probs.iter_mut().for_each(|p| *p *= inv_total);
-                    let log_norm = max + total.ln();
-                    visit(&SoftmaxDraw {
-                        sign,
-                        eps,
-                        f,
-                        log_norm,
-                        probs,
-                    });
+            // Draw 2k is `μ + √v ∘ ε_k`, draw 2k + 1 its antithetic `μ − √v ∘ ε_k`.
+            for (k, eps) in self.eps.chunks_exact(c).enumerate() {
+                let (plus, minus) = f[2 * k * c..(2 * k + 2) * c].split_at_mut(c);
+                for j in 0..c {
+                    plus[j] = mean[j] + sd[j] * eps[j];
+                    minus[j] = mean[j] - sd[j] * eps[j];
                 }
+            }
+            for ((f, p), norm) in f
+                .chunks_exact(c)
+                .zip(probs.chunks_exact_mut(c))
+                .zip(log_norm.iter_mut())
+            {
+                let max = f.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                p.iter_mut().zip(f).for_each(|(p, f)| *p = f - max);
+                *norm = max;
+            }
+            exp_nonpositive_in_place(probs);
+            for (p, norm) in probs.chunks_exact_mut(c).zip(log_norm.iter_mut()) {
+                let total: f64 = p.iter().sum();
+                let inv_total = total.recip();
+                p.iter_mut().for_each(|p| *p *= inv_total);
+                *norm += total.ln();
+            }
+            for (row, (eps, sign)) in self.eps.chunks_exact(c).flat_map(|e| [(e, 1.0), (e, -1.0)]).enumerate() {
+                visit(&SoftmaxDraw {
+                    sign,
+                    eps,
+                    f: &f[row * c..(row + 1) * c],
+                    log_norm: log_norm[row],
+                    probs: &probs[row * c..(row + 1) * c],
+                });
             }
         });
     }
