@@ -21,6 +21,7 @@ pub mod error;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod mapping;
+mod parquet_check;
 pub mod parquet_sink;
 pub mod parquet_source;
 pub mod table;

@@ -35,6 +35,7 @@ use crate::dead_letter::{number_text, Counters, DeadLetter, Origin, Reason};
 use crate::epoch::{EpochPart, WorkerShare};
 use crate::error::SourceError;
 use crate::mapping::ColumnMapping;
+use crate::parquet_check::{check_chunks, next_batch};
 
 /// How a stream is cut into epochs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -163,11 +164,13 @@ impl ParquetSource {
             path: path.clone(),
             source,
         })?;
-        let metadata =
-            ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|source| SourceError::NotParquet {
-                path: path.clone(),
-                source,
-            })?;
+        let not_parquet = |source| SourceError::NotParquet {
+            path: path.clone(),
+            source,
+        };
+        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(not_parquet)?;
+        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        check_chunks(metadata.metadata(), file_len).map_err(not_parquet)?;
         let schema = metadata.schema().clone();
         let decoder = ArrowDecoder::new(&config.mapping, &schema).map_err(|source| SourceError::Schema {
             input: name.clone(),
@@ -421,7 +424,7 @@ impl ParquetSource {
         }
         loop {
             if let Some(open) = &mut self.open {
-                match open.reader.next() {
+                match next_batch(&mut open.reader) {
                     Some(Ok(batch)) => {
                         let start = open.next_row;
                         open.next_row += batch.num_rows() as u64;

@@ -19,6 +19,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use serde::{Deserialize, Serialize};
 
+use crate::parquet_check::{check_chunks, next_batch};
+
 /// Why a [`Table`] could not be read. Each message is one line saying what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -315,10 +317,13 @@ impl Table {
             path: path.to_owned(),
             source,
         })?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|source| TableError::NotParquet {
+        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        let not_parquet = |source| TableError::NotParquet {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_parquet)?;
+        check_chunks(builder.metadata(), file_len).map_err(not_parquet)?;
 
         let metadata = builder
             .metadata()
@@ -389,8 +394,9 @@ impl Table {
             .map(|(i, _)| i)
             .collect();
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let n_rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
-        let reader = builder
+        // Only a capacity hint: a damaged footer may claim any count.
+        let n_rows = usize::try_from(builder.metadata().file_metadata().num_rows()).map_or(0, |n| n.min(1 << 20));
+        let mut reader = builder
             .with_projection(mask)
             .build()
             .map_err(|source| TableError::NotParquet {
@@ -404,7 +410,7 @@ impl Table {
         let mut labels: Option<Vec<f64>> = label.as_ref().map(|_| Vec::with_capacity(n_rows));
         let mut columns: Vec<Vec<f64>> = feature_names.iter().map(|_| Vec::with_capacity(n_rows)).collect();
         let mut offset = 0usize;
-        for batch in reader {
+        while let Some(batch) = next_batch(&mut reader) {
             let batch = batch.map_err(|source| TableError::Read {
                 path: path.to_owned(),
                 source,

@@ -5,10 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
+use common::operator::{run_operator, Feed, Outputs};
 use common::small_config;
-use dualgp_operators::dataflow::{LearnGp, ModelUpdate, Prediction, Record, Rejected};
+use dualgp_operators::dataflow::{GpOptions, Record};
 use dualgp_operators::model::{
     Data, EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, MemoryShare, Optimizer, PastInMStep, Predictive,
     SequentialConfig, SequentialLearner, StreamingLearner,
@@ -16,9 +16,6 @@ use dualgp_operators::model::{
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
-use timely::dataflow::operators::{Input, Inspect, Probe};
-use timely::dataflow::{InputHandleVec, ProbeHandle};
 
 const FEATURES: usize = 2;
 
@@ -119,45 +116,9 @@ fn reference(epochs: &[Vec<Record>], mut learner: SequentialLearner) -> (BTreeMa
     (predictions, learner)
 }
 
-#[derive(Default, Serialize, Deserialize)]
-struct Outputs {
-    predictions: Vec<Prediction>,
-    updates: Vec<ModelUpdate>,
-    rejected: Vec<Rejected>,
-}
-
 /// Runs the operator on `config`'s workers; worker 0 feeds every record.
 fn run(config: timely::Config, epochs: &[Vec<Record>], learner: SequentialLearner) -> Outputs {
-    let outputs = Arc::new(Mutex::new(Outputs::default()));
-    let (epochs, out) = (epochs.to_vec(), Arc::clone(&outputs));
-    timely::execute(config, move |worker| {
-        let mut input = InputHandleVec::new();
-        let probe = ProbeHandle::new();
-        let (o1, o2, o3) = (Arc::clone(&out), Arc::clone(&out), Arc::clone(&out));
-        worker.dataflow::<u64, _, _>(|scope| {
-            let gp = scope.input_from(&mut input).learn_gp(learner.clone(), FEATURES);
-            gp.predictions
-                .inspect(move |p| o1.lock().unwrap().predictions.push(p.clone()))
-                .probe_with(&probe);
-            gp.updates
-                .inspect(move |u| o2.lock().unwrap().updates.push(u.clone()))
-                .probe_with(&probe);
-            gp.rejected
-                .inspect(move |r| o3.lock().unwrap().rejected.push(r.clone()));
-        });
-        for (epoch, records) in epochs.iter().enumerate() {
-            if worker.index() == 0 {
-                for r in records {
-                    input.send(r.clone());
-                }
-            }
-            input.advance_to(epoch as u64 + 1);
-        }
-        drop(input);
-        while worker.step() {}
-    })
-    .unwrap();
-    Arc::try_unwrap(outputs).ok().unwrap().into_inner().unwrap()
+    run_operator(config, epochs, learner, GpOptions::new(FEATURES), Feed::WorkerZero)
 }
 
 fn rel(a: f64, b: f64) -> f64 {

@@ -3,6 +3,7 @@
 //! [`protocol`] turns a data [`Table`](dualgp_connectors::Table) into the
 //! standardised, ordered, batched arrays an evaluation protocol feeds a learner.
 
+pub mod cli;
 pub mod cluster;
 pub mod demo;
 pub mod eval;

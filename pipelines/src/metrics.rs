@@ -36,8 +36,8 @@ impl Default for Metrics {
             c
         };
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
-                .expect("valid buckets");
+            let h =
+                Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("valid buckets");
             registry.register(Box::new(h.clone())).expect("registered once");
             h
         };
@@ -122,8 +122,8 @@ pub fn serve_http(addr: SocketAddr, metrics: Metrics) -> std::io::Result<Endpoin
     let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
     let server = Arc::new(server);
     let requests = Arc::clone(&server);
-    let content_type = tiny_http::Header::from_bytes("Content-Type", TextEncoder::new().format_type())
-        .expect("a valid header");
+    let content_type =
+        tiny_http::Header::from_bytes("Content-Type", TextEncoder::new().format_type()).expect("a valid header");
     // Requests come here once read whole; answering one is a write of a few
     // kilobytes, so one thread answers them all.
     let thread = std::thread::spawn(move || {
@@ -146,7 +146,11 @@ mod tests {
     fn scrape(addr: SocketAddr) -> String {
         let mut scraper = TcpStream::connect(addr).unwrap();
         scraper.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(scraper, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            scraper,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut answer = String::new();
         scraper.read_to_string(&mut answer).unwrap();
         answer

@@ -104,9 +104,10 @@ impl PipelineConfig {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         // toml's messages span lines; the command's errors are one line.
         toml::from_str(&text).map_err(|e| {
-            let message = e.message().to_owned();
+            let message: Vec<&str> = e.message().lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+            let message = message.join("; ");
             let at = e.span().map(|s| {
-                let line = text[..s.start].lines().count().max(1);
+                let line = text[..s.start].matches('\n').count() + 1;
                 format!(" (line {line})")
             });
             anyhow::anyhow!("{}{}: {message}", path.display(), at.unwrap_or_default())

@@ -125,7 +125,7 @@ pub struct ReplayOutcome {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum ReaderNote {
     /// A labelled record's label on the data's scale: its prediction is scored against it.
-    Label { id: i64, y: f64 },
+    Label { epoch: u64, id: i64, y: f64 },
     /// A row the source could not use, as JSON: `DeadLetter`'s tagged enums
     /// do not pass through timely's bincode between processes.
     DeadLetter { epoch: u64, json: String },
@@ -138,7 +138,9 @@ enum ReaderNote {
 struct Gathered {
     predictions: BTreeMap<u64, Vec<Prediction>>,
     dead_letters: BTreeMap<u64, Vec<DeadLetter>>,
-    labels: BTreeMap<i64, f64>,
+    /// Labels by epoch and id; `None` where copies under one id disagree
+    /// (the learner refuses them all, and scores none, prequentially).
+    labels: BTreeMap<(u64, i64), Option<f64>>,
     counters: Counters,
     failed_updates: Vec<(u64, String)>,
     last_model: Option<SequentialLearner>,
@@ -152,7 +154,6 @@ impl Gathered {
     }
 
     fn refused(&mut self, rejected: &Rejected) {
-        self.labels.remove(&rejected.record.id);
         self.dead(rejected.epoch, DeadLetter::refused(rejected));
     }
 
@@ -167,8 +168,11 @@ impl Gathered {
 
     fn noted(&mut self, note: &ReaderNote) {
         match note {
-            ReaderNote::Label { id, y } => {
-                self.labels.insert(*id, *y);
+            ReaderNote::Label { epoch, id, y } => {
+                let label = self.labels.entry((*epoch, *id)).or_insert(Some(*y));
+                if label.is_some_and(|seen| seen.to_bits() != y.to_bits()) {
+                    *label = None;
+                }
             }
             ReaderNote::DeadLetter { epoch, json } => match serde_json::from_str(json) {
                 Ok(letter) => self.dead(*epoch, letter),
@@ -371,7 +375,11 @@ impl<'p> ParquetEnds<'p> {
         }
         for record in part.records {
             if let Some(y) = record.label {
-                notes.send(ReaderNote::Label { id: record.id, y });
+                notes.send(ReaderNote::Label {
+                    epoch: part.epoch,
+                    id: record.id,
+                    y,
+                });
             }
             records.send(self.plan.scaling.record(record));
         }
@@ -545,8 +553,8 @@ fn write_done_epochs(g: &mut Gathered, s: &mut Sinks, scaling: &Standardizer, do
         let predictions: Vec<Prediction> = predictions.into_iter().map(|p| scaling.prediction(p)).collect();
         let mut epoch_scores = Scores::default();
         for p in &predictions {
-            if let Some(y) = g.labels.remove(&p.id) {
-                epoch_scores.add(p, y);
+            if let Some(Some(y)) = g.labels.get(&(epoch, p.id)) {
+                epoch_scores.add(p, *y);
             }
         }
         s.scores.merge(epoch_scores, epoch);
@@ -556,6 +564,8 @@ fn write_done_epochs(g: &mut Gathered, s: &mut Sinks, scaling: &Standardizer, do
         s.scores.records += predictions.len() as u64;
         (s.progress)(epoch + 1, s.n_epochs);
     }
+    // Labels of written epochs (and of records refused in them) are done with.
+    g.labels = g.labels.split_off(&(done, i64::MIN));
     let epochs: Vec<u64> = g.dead_letters.range(..done).map(|(e, _)| *e).collect();
     for epoch in epochs {
         let mut dead = g.dead_letters.remove(&epoch).unwrap_or_default();

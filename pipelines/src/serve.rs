@@ -443,7 +443,10 @@ impl Ends for KafkaEnds {
             Ok(_) => m3.updates.inc(),
             Err(why) => {
                 m3.updates_failed.inc();
-                tracing::error!("epoch {} could not be learned, the model stays as it was: {why}", u.epoch);
+                tracing::error!(
+                    "epoch {} could not be learned, the model stays as it was: {why}",
+                    u.epoch
+                );
             }
         });
         match store.clone() {

@@ -141,7 +141,11 @@ fn wait_for_predictions(metrics_port: u16, n: usize) {
 fn get_metrics(port: u16) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     Some(answer)

@@ -3,9 +3,10 @@
 //! high-volume producers). A message that cannot be used becomes a dead letter.
 
 use std::io::Cursor;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use arrow::ipc::reader::StreamReader;
-use dualgp_operators::dataflow::Record;
+use dualgp_operators::dataflow::{panic_message, Record};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -179,13 +180,20 @@ impl MessageDecoder {
             payload: payload_text(bytes),
             reason,
         };
-        let reader = match StreamReader::try_new(Cursor::new(bytes), None) {
-            Ok(r) => r,
-            Err(e) => {
+        // arrow-ipc panics on some damaged streams (a buffer offset past the
+        // end of the message): such a panic makes the rest of the message a
+        // dead letter, as a read error does.
+        let damaged = |row: u32, panic: Box<dyn std::any::Any + Send>| Reason::Undecodable {
+            detail: format!("damaged Arrow IPC stream after row {row}: {}", panic_message(&*panic)),
+        };
+        let mut reader = match catch_unwind(AssertUnwindSafe(|| StreamReader::try_new(Cursor::new(bytes), None))) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
                 return dead.push(whole(Reason::Undecodable {
                     detail: format!("not an Arrow IPC stream: {e}"),
                 }))
             }
+            Err(panic) => return dead.push(whole(damaged(0, panic))),
         };
         let mut mapping = self.mapping.clone();
         if let Some(known) = &self.features {
@@ -205,13 +213,18 @@ impl MessageDecoder {
         }
         let mut row = 0u32;
         let mut decoded = Vec::new();
-        for batch in reader {
-            let batch = match batch {
-                Ok(b) => b,
-                Err(e) => {
+        loop {
+            let batch = match catch_unwind(AssertUnwindSafe(|| reader.next())) {
+                Ok(None) => break,
+                Ok(Some(Ok(b))) => b,
+                Ok(Some(Err(e))) => {
                     dead.push(whole(Reason::Undecodable {
                         detail: format!("Arrow IPC batch after row {row}: {e}"),
                     }));
+                    break;
+                }
+                Err(panic) => {
+                    dead.push(whole(damaged(row, panic)));
                     break;
                 }
             };

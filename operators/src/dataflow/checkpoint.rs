@@ -46,6 +46,8 @@ pub enum CheckpointError {
          point it at an empty checkpoint directory to start afresh"
     )]
     Version { path: PathBuf, found: u32 },
+    #[error("checkpoint {path} reads, but its model cannot be used: {why}")]
+    Unusable { path: PathBuf, why: String },
 }
 
 /// A directory of checkpoints `checkpoint-EPOCH.json`, the newest `keep` kept.
@@ -162,11 +164,63 @@ pub fn read_checkpoint<P: DeserializeOwned>(path: &Path) -> Result<Checkpoint<P>
         });
     }
     let mut checkpoint: Checkpoint<P> = serde_json::from_slice(body).map_err(format)?;
-    checkpoint.learner.ensure_factors().map_err(|e| CheckpointError::Io {
+    let unusable = |why: String| CheckpointError::Unusable {
         path: path.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+        why,
+    };
+    shapes_agree(&checkpoint.learner).map_err(unusable)?;
+    checkpoint
+        .learner
+        .ensure_factors()
+        .map_err(|e| unusable(e.to_string()))?;
     Ok(checkpoint)
+}
+
+/// Whether the learner's parts fit together: what a checksum cannot vouch
+/// for in a file written by other code or edited by hand, and what the next
+/// update would otherwise find out by indexing past an end.
+fn shapes_agree(learner: &SequentialLearner) -> Result<(), String> {
+    learner.config.validate().map_err(|e| e.to_string())?;
+    let latent = learner.likelihood.n_latent();
+    let Some(post) = learner.posterior() else {
+        return match learner.memory.points.is_empty() {
+            true => Ok(()),
+            false => Err("memory points without a posterior".into()),
+        };
+    };
+    let (m, d) = post.z.shape();
+    if m == 0 || d == 0 {
+        return Err(format!("{m} inducing inputs of {d} features"));
+    }
+    post.kernel.validate(d).map_err(|e| e.to_string())?;
+    learner.kernel().validate(d).map_err(|e| e.to_string())?;
+    if post.whitened.len() != latent {
+        return Err(format!(
+            "site totals for {} latents, the likelihood has {latent}",
+            post.whitened.len()
+        ));
+    }
+    if post
+        .whitened
+        .iter()
+        .any(|s| s.l.len() != m || s.lambda.shape() != (m, m))
+    {
+        return Err(format!("site totals that are not of the {m} inducing inputs"));
+    }
+    for p in &learner.memory.points {
+        let first = p.first.as_ref().map_or((latent, latent), |f| (f.s1.len(), f.s2.len()));
+        if p.x.len() != d
+            || p.column.len() != m
+            || (p.s1.len(), p.s2.len()) != (latent, latent)
+            || first != (latent, latent)
+        {
+            return Err(format!(
+                "memory point {:?} does not fit {m} inducing inputs of {d} features",
+                p.id
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Starts the last line of a checkpoint file: the CRC-32 of what precedes it.

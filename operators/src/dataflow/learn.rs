@@ -147,7 +147,7 @@ impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
             };
             let staged = partition_stage(records, queries.broadcast(), start);
             let (answers, others) = staged.ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
-                StageOutput::Answer { worker, answer } => Ok((worker, *answer)),
+                StageOutput::Answer { worker, answer } => Ok((worker, answer.map(|a| *a))),
                 other => Err(other),
             });
             let (predictions, rejected) = others.ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {

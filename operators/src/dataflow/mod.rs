@@ -28,15 +28,18 @@
 
 pub mod checkpoint;
 mod delayed;
+mod health;
 mod learn;
 mod partition_stage;
 pub mod record;
 mod reduce_stage;
+mod repeats;
 
 pub use checkpoint::{
     read_checkpoint, Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION,
 };
 pub use delayed::delayed_labels;
+pub use health::panic_message;
 pub use learn::{GpOptions, GpStreams, LearnGp, Scoring};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;

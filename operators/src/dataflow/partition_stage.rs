@@ -3,6 +3,7 @@
 //! share of the batch and the memory.
 
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nalgebra::{DMatrix, DVector};
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
@@ -10,8 +11,10 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
+use super::health::panic_message;
 use super::learn::Round;
 use super::record::{Prediction, Record, Rejected};
+use super::repeats::{once_per_id, ArrivedIds};
 use super::{GpOptions, Scoring};
 use crate::model::dual::point::PointId;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
@@ -19,7 +22,11 @@ use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Quer
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) enum StageOutput {
-    Answer { worker: usize, answer: Box<Answer> },
+    /// An answer, or why this worker could not give it (the update then fails).
+    Answer {
+        worker: usize,
+        answer: Result<Box<Answer>, String>,
+    },
     Prediction(Prediction),
     Rejected(Rejected),
 }
@@ -62,23 +69,28 @@ impl Scorer {
     }
 
     /// Refuses the records that cannot be used and scores those that ask to
-    /// be: what to send on, and the accepted records.
+    /// be: what to send on, and the accepted records. `once` passes the
+    /// valid records that ask to be scored and refuses repeated ids among them.
     fn check_and_score(
         &self,
         arrivals: Vec<Arrival>,
         epoch: u64,
         features: usize,
         likelihood: &Likelihood,
+        once: impl FnOnce(Vec<Record>) -> (Vec<Record>, Vec<Rejected>),
     ) -> (Vec<StageOutput>, Vec<Record>) {
         let mut out = Vec::new();
-        let mut accepted = Vec::with_capacity(arrivals.len());
+        let (mut to_score, mut learn_only) = (Vec::new(), Vec::new());
         for Arrival { record, score } in arrivals {
             match check(&record, features, likelihood) {
-                Ok(()) => accepted.push((record, score)),
+                Ok(()) if score => to_score.push(record),
+                Ok(()) => learn_only.push(record),
                 Err(reason) => out.push(StageOutput::Rejected(Rejected { epoch, record, reason })),
             }
         }
-        let scored: Vec<&Record> = accepted.iter().filter(|a| a.1).map(|a| &a.0).collect();
+        let (mut to_score, refused) = once(to_score);
+        out.extend(refused.into_iter().map(StageOutput::Rejected));
+        let scored: Vec<&Record> = to_score.iter().collect();
         for (record, (predictive, log_density)) in scored.iter().zip(self.score(&scored, features)) {
             out.push(StageOutput::Prediction(Prediction {
                 id: record.id,
@@ -88,7 +100,8 @@ impl Scorer {
                 log_density,
             }));
         }
-        (out, accepted.into_iter().map(|a| a.0).collect())
+        to_score.extend(learn_only);
+        (out, to_score)
     }
 }
 
@@ -105,6 +118,8 @@ pub(super) struct Arrival {
 struct Pending {
     capability: Capability<Round>,
     arrivals: Vec<Arrival>,
+    /// Scoring on arrival: the ids scored so far in this epoch.
+    ids: ArrivedIds,
 }
 
 /// How the stage starts: the model it scores with before any update, and how it scores.
@@ -172,20 +187,23 @@ pub(super) fn partition_stage<'scope>(
                         let learned = std::mem::replace(&mut ready, rest);
                         shard = Some((epoch, shard_of(partition, learned, features)));
                     }
+                    // The new model, taken up once this worker has answered Finish.
                     let finished = match &query {
-                        Query::Finish { model, .. } => {
-                            let mut model = model.clone();
-                            model
-                                .ensure_factors()
-                                .expect("the learner factorised this posterior before sending it");
-                            Some(model)
-                        }
+                        Query::Finish { model, .. } => Some(usable(model)),
                         _ => None,
                     };
-                    let answer = shard.as_mut().expect("made above").1.answer(query);
+                    let mut answer = answer_caught(&mut shard, query);
+                    let finished = match finished {
+                        Some(Err(why)) => {
+                            answer = answer.and(Err(why));
+                            None
+                        }
+                        Some(Ok(model)) if answer.is_ok() => Some(model),
+                        _ => None,
+                    };
                     session.give(StageOutput::Answer {
                         worker,
-                        answer: Box::new(answer),
+                        answer: answer.map(Box::new),
                     });
                     if let Some(model) = finished {
                         scorer = Scorer {
@@ -203,18 +221,30 @@ pub(super) fn partition_stage<'scope>(
                 };
                 let epoch = cap.time().0;
                 let mut arrivals: Vec<Arrival> = data.flat_map(|d| d.drain(..)).collect();
+                let entry = pending.entry(epoch).or_insert_with(|| Pending {
+                    capability: cap.clone(),
+                    arrivals: Vec::new(),
+                    ids: ArrivedIds::default(),
+                });
                 if scoring == Scoring::OnArrival {
-                    let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood);
+                    let ids = &mut entry.ids;
+                    let once = |records: Vec<Record>| {
+                        let (mut admitted, mut refused) = (Vec::new(), Vec::new());
+                        for record in records {
+                            match ids.admit(record, epoch) {
+                                Ok(record) => admitted.push(record),
+                                Err(rejected) => refused.push(rejected),
+                            }
+                        }
+                        (admitted, refused)
+                    };
+                    let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood, once);
                     output.session(&cap).give_iterator(out.into_iter());
                     arrivals = accepted
                         .into_iter()
                         .map(|record| Arrival { record, score: false })
                         .collect();
                 }
-                let entry = pending.entry(epoch).or_insert_with(|| Pending {
-                    capability: cap,
-                    arrivals: Vec::new(),
-                });
                 entry.arrivals.extend(arrivals);
             });
 
@@ -227,9 +257,20 @@ pub(super) fn partition_stage<'scope>(
                 if record_frontier.less_equal(&start) || wait {
                     break;
                 }
-                let Pending { capability, arrivals } = entry.remove();
+                let Pending {
+                    capability,
+                    arrivals,
+                    ids,
+                } = entry.remove();
                 let epoch = start.0;
-                let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood);
+                // Prequential: the whole epoch at once; on arrival: scored
+                // (and repeats refused) already, only learned from here.
+                let once = |records| match scoring {
+                    Scoring::Prequential => once_per_id(records, epoch),
+                    Scoring::OnArrival => (records, Vec::new()),
+                };
+                let (out, mut accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood, once);
+                accepted.retain(|r| ids.learnable(r));
                 let mut session = output.session(&capability);
                 session.give_iterator(out.into_iter());
                 // Every worker answers for every epoch (`Nothing` without
@@ -250,11 +291,35 @@ pub(super) fn partition_stage<'scope>(
                 };
                 session.give(StageOutput::Answer {
                     worker,
-                    answer: Box::new(answer),
+                    answer: Ok(Box::new(answer)),
                 });
             }
         }
     })
+}
+
+/// The new model of a Finish query, factorised for scoring, or why it cannot be.
+fn usable(model: &Snapshot) -> Result<Snapshot, String> {
+    let mut model = model.clone();
+    model
+        .ensure_factors()
+        .map_err(|e| format!("cannot take up the new model: {e}"))?;
+    Ok(model)
+}
+
+/// The shard's answer to `query`; a panic while answering is this update's
+/// failure (the shard, left half-changed, is dropped), not this worker's.
+fn answer_caught(shard: &mut Option<(u64, Shard)>, query: Query) -> Result<Answer, String> {
+    let Some((_, held)) = shard.as_mut() else {
+        return Err("no records held for this update".into());
+    };
+    match catch_unwind(AssertUnwindSafe(|| held.answer(query))) {
+        Ok(answer) => Ok(answer),
+        Err(panic) => {
+            *shard = None;
+            Err(format!("answering panicked: {}", panic_message(&*panic)))
+        }
+    }
 }
 
 /// A shard of the labelled records of some epochs, each keeping its epoch as

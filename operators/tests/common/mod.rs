@@ -1,7 +1,9 @@
 //! Helpers shared by the tests: for the closed-form ones a squared-exponential
 //! kernel written out independently of the library and seeded data, for the
-//! dataflow ones a small learner's settings.
+//! dataflow ones a small learner's settings and a run of the operator.
 #![allow(dead_code)]
+
+pub mod operator;
 
 use dualgp_operators::model::{Data, EStepConfig, Family, Kernel, Optimizer, SequentialConfig};
 use nalgebra::{DMatrix, DVector};
