@@ -25,7 +25,7 @@ fn valid() -> &'static [u8] {
     BYTES.get_or_init(|| {
         let config = SequentialConfig {
             inducing: 6,
-            memory: MemoryPolicy::PerBatch { k: 3 },
+            memory: MemoryPolicy::PerBatch { k: 3, capacity: None },
             ..small_config()
         };
         let mut learner = SequentialLearner::new(kernel(), Likelihood::Gaussian { variance: 0.1 }, config).unwrap();

@@ -94,7 +94,10 @@ fn with_all_past_data_in_memory_the_class_incremental_stream_equals_batch_traini
             kernel(),
             converged,
             InducingPolicy::Pivoted,
-            MemoryPolicy::PerBatch { k: 1000 },
+            MemoryPolicy::PerBatch {
+                k: 1000,
+                capacity: None,
+            },
             z0.clone(),
         );
         learner.config.memory_control_variate = control_variate;
@@ -276,7 +279,13 @@ fn a_memory_of_a_tenth_that_stands_for_all_past_data_holds_old_tasks_as_all_past
         let tenth = MemoryPolicy::RandomReservoir {
             capacity: train.n() / 10,
         };
-        let all = run(MemoryPolicy::PerBatch { k: train.n() }, Role::Own);
+        let all = run(
+            MemoryPolicy::PerBatch {
+                k: train.n(),
+                capacity: None,
+            },
+            Role::Own,
+        );
         let paper = run(tenth, Role::Own);
         let mean = |a: &[f64]| a.iter().sum::<f64>() / a.len() as f64;
         let roles = [
@@ -428,7 +437,10 @@ fn the_e_step_reaches_its_fixed_point_when_a_new_task_must_rise_far() {
         kernel.clone(),
         EStepConfig { steps: 60, rho: 0.8 },
         InducingPolicy::Fixed,
-        MemoryPolicy::PerBatch { k: train.n() },
+        MemoryPolicy::PerBatch {
+            k: train.n(),
+            capacity: None,
+        },
         z.clone(),
     );
     for t in 0..2 {

@@ -53,7 +53,7 @@ fn learner(classes: bool) -> SequentialLearner {
     let (likelihood, memory, optimizer) = if classes {
         (
             Likelihood::Bernoulli { link: Link::Probit },
-            MemoryPolicy::PerBatch { k: 8 },
+            MemoryPolicy::PerBatch { k: 8, capacity: None },
             Optimizer::Adam { lr: 0.05 },
         )
     } else {
@@ -187,7 +187,7 @@ fn e_steps_that_step_back_do_so_on_every_worker() {
             inducing: 12,
             e_step: EStepConfig { steps: 8, rho: 0.9 },
             m_steps: 0,
-            memory: MemoryPolicy::PerBatch { k: 8 },
+            memory: MemoryPolicy::PerBatch { k: 8, capacity: None },
             seed: 7,
             ..SequentialConfig::default()
         };

@@ -53,7 +53,7 @@ fn arrivals() -> Vec<Arrival> {
 
 fn learner() -> SequentialLearner {
     let config = SequentialConfig {
-        memory: MemoryPolicy::PerBatch { k: 5 },
+        memory: MemoryPolicy::PerBatch { k: 5, capacity: None },
         seed: 1,
         ..small_config()
     };

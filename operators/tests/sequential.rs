@@ -57,7 +57,10 @@ fn with_all_past_data_in_memory_the_stream_equals_batch_training() {
         inducing_policy: InducingPolicy::Fixed,
         e_step: CONVERGED,
         m_steps: 0,
-        memory: MemoryPolicy::PerBatch { k: 1000 },
+        memory: MemoryPolicy::PerBatch {
+            k: 1000,
+            capacity: None,
+        },
         ..SequentialConfig::default()
     };
     let mut learner = SequentialLearner::new(kernel(), lik.clone(), config)
@@ -244,14 +247,11 @@ fn bounded_memory_keeps_its_capacity() {
     assert_eq!(learner.n_seen, 400);
 }
 
-/// A uniform reservoir of capacity c over N points keeps each point with
-/// probability c/N whatever batch it came in: over 40 seeds, 8 batches of 50
-/// and capacity 25, each batch holds 25/8 points of the memory on average. A
-/// chi-square test on the batch counts (7 degrees of freedom, false-alarm rate
-/// 0.1 %: critical value 24.32); a per-batch memory would put 25 in the last
-/// batch and fail it.
-#[test]
-fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
+/// Over 40 seeds, 8 batches of 50 learned with `memory`, whose size after
+/// batch `b` must be `size(b)`: how many memory points each batch holds at
+/// the end, checked to be 25/8 on average by a chi-square test (7 degrees of
+/// freedom, false-alarm rate 0.1 %: critical value 24.32).
+fn assert_the_memory_samples_batches_uniformly(memory: MemoryPolicy, size: impl Fn(usize) -> usize) {
     let stream = classification_stream(400, &mut ChaCha8Rng::seed_from_u64(15));
     let mut counts = [0usize; 8];
     let seeds = 40;
@@ -260,15 +260,14 @@ fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
             inducing: 10,
             e_step: EStepConfig { steps: 1, rho: 0.8 },
             m_steps: 0,
-            memory: MemoryPolicy::RandomReservoir { capacity: 25 },
+            memory,
             seed,
             ..SequentialConfig::default()
         });
-        for start in (0..400).step_by(50) {
+        for (b, start) in (0..400).step_by(50).enumerate() {
             learner.update(&rows(&stream, start..start + 50)).unwrap();
-            assert!(learner.memory.len() <= 25);
+            assert_eq!(learner.memory.len(), size(b), "after batch {b}");
         }
-        assert_eq!(learner.memory.len(), 25);
         for p in &learner.memory.points {
             counts[p.id.batch as usize] += 1;
         }
@@ -276,6 +275,28 @@ fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
     let expected = (seeds * 25) as f64 / 8.0;
     let chi2: f64 = counts.iter().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
     assert!(chi2 < 24.32, "chi-square {chi2:.2} for counts per batch {counts:?}");
+}
+
+/// A uniform reservoir of capacity c over N points keeps each point with
+/// probability c/N whatever batch it came in; a per-batch memory would put
+/// 25 in the last batch and fail the test.
+#[test]
+fn a_random_memory_of_bounded_capacity_samples_the_whole_stream_uniformly() {
+    let memory = MemoryPolicy::RandomReservoir { capacity: 25 };
+    assert_the_memory_samples_batches_uniformly(memory, |b| (50 * (b + 1)).min(25));
+}
+
+/// A per-batch memory with a bound stays a uniform sample of the stream once
+/// full: 5 points of each batch of 50 compete on their keys with the old
+/// ones for 25 places. Keeping the newest would leave the first three
+/// batches empty and fail the test; the unbounded memory would hold 40.
+#[test]
+fn a_bounded_per_batch_memory_stays_a_uniform_sample_of_the_stream() {
+    let memory = MemoryPolicy::Random {
+        k: 5,
+        capacity: Some(25),
+    };
+    assert_the_memory_samples_batches_uniformly(memory, |b| (5 * (b + 1)).min(25));
 }
 
 #[test]

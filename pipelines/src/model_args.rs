@@ -156,7 +156,9 @@ pub struct ModelArgs {
     pub memory_per_batch: Option<usize>,
     #[arg(long)]
     pub memory_policy: Option<MemoryPolicyName>,
-    /// Bound the memory: a reservoir over the whole stream, uniform (BLS-weighted with --memory-policy bls).
+    /// Bound the memory: alone, a reservoir over the whole stream, uniform
+    /// (BLS-weighted with --memory-policy bls); with --memory-per-batch, the
+    /// bound of the per-batch memory (default 1000; the reference preset: none).
     #[arg(long)]
     pub memory_capacity: Option<usize>,
     /// The memory as a control variate for all past data: its re-learned
@@ -265,6 +267,9 @@ const ADAM_LR: f64 = 0.05;
 /// Curvature pairs L-BFGS keeps.
 const LBFGS_HISTORY: usize = 10;
 
+/// The most points a per-batch memory holds by default (see the default settings).
+pub const MEMORY_BOUND: usize = 1000;
+
 /// L-BFGS iterations per batch for `--method osgpr` when `--m-steps` is not given.
 const OSGPR_ITERATIONS: usize = 100;
 
@@ -315,7 +320,13 @@ impl ModelArgs {
                     optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
                     // Uniform, not by BLS: level on the paper-uci folds, better on
                     // drifting and class-incremental streams (docs/RESULTS.md, session 12).
-                    memory: MemoryPolicy::Random { k: 20 },
+                    // Bounded so that a long stream's state is: 1000 is a tenth of
+                    // split Fashion-MNIST, the memory its figures were measured with,
+                    // and fifty batches of 20 (the paper-uci streams have ten).
+                    memory: MemoryPolicy::Random {
+                        k: 20,
+                        capacity: Some(MEMORY_BOUND),
+                    },
                     memory_control_variate: false,
                     memory_share: MemoryShare::Estimated,
                     seed: self.seed.unwrap_or(0),
@@ -423,22 +434,26 @@ impl ModelArgs {
         if let Some(r) = self.m_rounds {
             q.m_rounds = r;
         }
-        let k = self.memory_per_batch.unwrap_or(match q.memory {
-            MemoryPolicy::PerBatch { k } | MemoryPolicy::Random { k } => k,
-            _ => 20,
-        });
+        let (k, bound) = match q.memory {
+            MemoryPolicy::PerBatch { k, capacity } | MemoryPolicy::Random { k, capacity } => (k, capacity),
+            _ => (20, Some(MEMORY_BOUND)),
+        };
+        let k = self.memory_per_batch.unwrap_or(k);
         // Without --memory-policy, the preset's kind of memory: uniform by default, BLS for the reference.
         let policy = self.memory_policy.unwrap_or(match q.memory {
             MemoryPolicy::PerBatch { .. } | MemoryPolicy::Reservoir { .. } => MemoryPolicyName::Bls,
             MemoryPolicy::Random { .. } | MemoryPolicy::RandomReservoir { .. } => MemoryPolicyName::Random,
             MemoryPolicy::None => MemoryPolicyName::None,
         });
-        q.memory = match (policy, self.memory_capacity) {
+        // A capacity alone is a reservoir; beside a per-batch count, its bound.
+        let reservoir = self.memory_capacity.filter(|_| self.memory_per_batch.is_none());
+        let capacity = self.memory_capacity.or(bound);
+        q.memory = match (policy, reservoir) {
             (MemoryPolicyName::None, _) => MemoryPolicy::None,
             (MemoryPolicyName::Random, Some(capacity)) => MemoryPolicy::RandomReservoir { capacity },
-            (MemoryPolicyName::Random, None) => MemoryPolicy::Random { k },
+            (MemoryPolicyName::Random, None) => MemoryPolicy::Random { k, capacity },
             (MemoryPolicyName::Bls, Some(capacity)) => MemoryPolicy::Reservoir { capacity },
-            (MemoryPolicyName::Bls, None) => MemoryPolicy::PerBatch { k },
+            (MemoryPolicyName::Bls, None) => MemoryPolicy::PerBatch { k, capacity },
         };
         q.validate()
             .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
@@ -604,7 +619,13 @@ mod tests {
     #[test]
     fn a_memory_capacity_bounds_the_random_memory_too() {
         let memory = |args: &[&str]| settings(args).sequential.memory;
-        assert_eq!(memory(&[]), MemoryPolicy::Random { k: 20 });
+        assert_eq!(
+            memory(&[]),
+            MemoryPolicy::Random {
+                k: 20,
+                capacity: Some(MEMORY_BOUND)
+            }
+        );
         assert_eq!(
             memory(&["--memory-capacity", "50"]),
             MemoryPolicy::RandomReservoir { capacity: 50 }
@@ -613,7 +634,10 @@ mod tests {
             memory(&["--memory-policy", "bls", "--memory-capacity", "50"]),
             MemoryPolicy::Reservoir { capacity: 50 }
         );
-        assert_eq!(memory(&["--preset", "reference"]), MemoryPolicy::PerBatch { k: 10 });
+        assert_eq!(
+            memory(&["--preset", "reference"]),
+            MemoryPolicy::PerBatch { k: 10, capacity: None }
+        );
         assert_eq!(
             memory(&["--preset", "reference", "--memory-capacity", "50"]),
             MemoryPolicy::Reservoir { capacity: 50 }
@@ -624,7 +648,31 @@ mod tests {
         );
         assert_eq!(
             memory(&["--memory-policy", "random", "--memory-per-batch", "7"]),
-            MemoryPolicy::Random { k: 7 }
+            MemoryPolicy::Random {
+                k: 7,
+                capacity: Some(MEMORY_BOUND)
+            }
+        );
+        assert_eq!(
+            memory(&["--memory-per-batch", "7", "--memory-capacity", "50"]),
+            MemoryPolicy::Random {
+                k: 7,
+                capacity: Some(50)
+            }
+        );
+        assert_eq!(
+            memory(&[
+                "--preset",
+                "reference",
+                "--memory-per-batch",
+                "7",
+                "--memory-capacity",
+                "50"
+            ]),
+            MemoryPolicy::PerBatch {
+                k: 7,
+                capacity: Some(50)
+            }
         );
         assert_eq!(
             memory(&["--memory-policy", "none", "--memory-capacity", "50"]),

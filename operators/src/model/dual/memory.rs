@@ -17,12 +17,24 @@ use crate::model::likelihood::{Expectation, Likelihood};
 // Externally tagged: bincode (timely's wire format) cannot read internally tagged enums.
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryPolicy {
-    /// `k` points per batch by BLS, kept forever (the paper).
-    PerBatch { k: usize },
+    /// `k` points per batch by BLS, kept forever (the paper; `capacity`
+    /// `None`) or, once the memory holds `capacity`, competing with the old
+    /// points on their reservoir keys.
+    PerBatch {
+        k: usize,
+        #[serde(default)]
+        capacity: Option<usize>,
+    },
     /// At most `capacity` points over the whole stream: BLS-weighted reservoir sampling.
     Reservoir { capacity: usize },
-    /// `k` points per batch uniformly at random, kept forever (the paper's ablation).
-    Random { k: usize },
+    /// `k` points per batch uniformly at random (the paper's ablation), kept
+    /// forever or up to `capacity` as for [`PerBatch`](Self::PerBatch): the
+    /// memory stays a uniform sample of the past when batches are of one size.
+    Random {
+        k: usize,
+        #[serde(default)]
+        capacity: Option<usize>,
+    },
     /// At most `capacity` points over the whole stream, every point seen
     /// equally likely to stay: the reservoir's ablation, BLS left out.
     RandomReservoir { capacity: usize },
@@ -139,4 +151,17 @@ pub fn top_k(keys: &[f64], k: usize) -> Vec<usize> {
     order.sort_by(|&a, &b| keys[b].total_cmp(&keys[a]).then(a.cmp(&b)));
     order.truncate(k);
     order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryPolicy;
+
+    #[test]
+    fn a_per_batch_policy_saved_without_a_capacity_reads_back_unbounded() {
+        let old: MemoryPolicy = serde_json::from_str(r#"{"random":{"k":20}}"#).unwrap();
+        assert_eq!(old, MemoryPolicy::Random { k: 20, capacity: None });
+        let old: MemoryPolicy = serde_json::from_str(r#"{"per-batch":{"k":10}}"#).unwrap();
+        assert_eq!(old, MemoryPolicy::PerBatch { k: 10, capacity: None });
+    }
 }

@@ -116,7 +116,7 @@ impl Default for SequentialConfig {
             relearn_in_m_step: false,
             past_in_m_step: PastInMStep::ScaledMemory,
             optimizer: Optimizer::Adam { lr: 0.01 },
-            memory: MemoryPolicy::PerBatch { k: 10 },
+            memory: MemoryPolicy::PerBatch { k: 10, capacity: None },
             memory_control_variate: false,
             memory_share: MemoryShare::OWN,
             seed: 0,
@@ -729,12 +729,12 @@ impl SequentialLearner {
     /// current posterior, or uniform), each joining with the contribution it
     /// has inside the totals.
     async fn remember(&mut self, shards: &mut impl Shards) -> Result<()> {
-        let (by_leverage, per_batch) = match self.config.memory {
-            MemoryPolicy::None => (false, Some(0)),
-            MemoryPolicy::PerBatch { k } => (true, Some(k)),
-            MemoryPolicy::Random { k } => (false, Some(k)),
-            MemoryPolicy::Reservoir { .. } => (true, None),
-            MemoryPolicy::RandomReservoir { .. } => (false, None),
+        let (by_leverage, per_batch, capacity) = match self.config.memory {
+            MemoryPolicy::None => (false, Some(0), None),
+            MemoryPolicy::PerBatch { k, capacity } => (true, Some(k), capacity),
+            MemoryPolicy::Random { k, capacity } => (false, Some(k), capacity),
+            MemoryPolicy::Reservoir { capacity } => (true, None, Some(capacity)),
+            MemoryPolicy::RandomReservoir { capacity } => (false, None, Some(capacity)),
         };
         let keys = if per_batch == Some(0) {
             Vec::new()
@@ -749,22 +749,24 @@ impl SequentialLearner {
                 other => return Err(unexpected("memory keys", &other)),
             }
         };
-        // Old and new points compete on their keys; a per-batch policy keeps all old ones.
-        let old = self.memory.points.iter().map(|p| (p.id, p.key));
-        let (mut keep, stay): (Vec<PointId>, Vec<PointId>) = match (per_batch, self.config.memory) {
-            (Some(k), _) => {
-                let new: Vec<f64> = keys.iter().map(|k| k.1).collect();
-                let keep = top_k(&new, k).into_iter().map(|i| keys[i].0).collect();
-                (keep, old.map(|p| p.0).collect())
+        // A per-batch policy takes the batch's `k` best keys; the candidates
+        // then compete with the old points on their keys for `capacity` places.
+        let candidates: Vec<(PointId, f64)> = match per_batch {
+            Some(k) => {
+                let values: Vec<f64> = keys.iter().map(|k| k.1).collect();
+                let mut best: Vec<(PointId, f64)> = top_k(&values, k).into_iter().map(|i| keys[i]).collect();
+                best.sort_unstable_by_key(|c| c.0);
+                best
             }
-            (None, MemoryPolicy::Reservoir { capacity } | MemoryPolicy::RandomReservoir { capacity }) => {
-                let all: Vec<(PointId, f64)> = old.chain(keys.iter().copied()).collect();
-                let values: Vec<f64> = all.iter().map(|p| p.1).collect();
-                let is_new = |id: &PointId| keys.binary_search_by_key(id, |k| k.0).is_ok();
-                top_k(&values, capacity).into_iter().map(|i| all[i].0).partition(is_new)
-            }
-            (None, _) => unreachable!("only the reservoir has no per-batch count"),
+            None => keys,
         };
+        let old = self.memory.points.iter().map(|p| (p.id, p.key));
+        let all: Vec<(PointId, f64)> = old.chain(candidates.iter().copied()).collect();
+        let places = capacity.unwrap_or(all.len());
+        let values: Vec<f64> = all.iter().map(|p| p.1).collect();
+        let is_new = |id: &PointId| candidates.binary_search_by_key(id, |c| c.0).is_ok();
+        let (mut keep, stay): (Vec<PointId>, Vec<PointId>) =
+            top_k(&values, places).into_iter().map(|i| all[i].0).partition(is_new);
         keep.sort_unstable();
         if self.config.memory_control_variate {
             // A point that leaves keeps its first sites, as every past point does.
