@@ -30,6 +30,7 @@ pub mod checkpoint;
 mod delayed;
 mod health;
 mod learn;
+mod options;
 mod partition_stage;
 pub mod record;
 mod reduce_stage;
@@ -40,6 +41,7 @@ pub use checkpoint::{
 };
 pub use delayed::delayed_labels;
 pub use health::panic_message;
-pub use learn::{GpOptions, GpStreams, LearnGp, Scoring};
+pub use learn::{GpStreams, LearnGp};
+pub use options::{GpOptions, Scoring};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;

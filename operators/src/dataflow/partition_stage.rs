@@ -12,10 +12,10 @@ use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
 use super::health::panic_message;
-use super::learn::Round;
+use super::options::Round;
+use super::options::{GpOptions, Scoring};
 use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
-use super::{GpOptions, Scoring};
 use crate::model::dual::point::PointId;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 

@@ -24,7 +24,7 @@ use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
 use super::health::{panic_message, unusable};
-use super::learn::Round;
+use super::options::Round;
 use crate::model::{Answer, ModelError, Query, SequentialLearner, Shards, UpdateReport};
 
 /// The learner after an epoch's update: the new model and a checkpointable state.
