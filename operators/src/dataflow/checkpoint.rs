@@ -13,8 +13,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
+use super::checkpoint_writer::Writer;
 use super::reduce_stage::ModelUpdate;
 use crate::model::{SequentialLearner, StreamingLearner};
 
@@ -273,11 +275,16 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
         P: timely::ExchangeData + Clone + Serialize,
     {
         let to_first = Exchange::new(|_: &(usize, P)| 0);
-        let peers = self.scope().peers();
-        self.binary_frontier(positions, Pipeline, to_first, "GpCheckpoint", move |_, _| {
-            let mut updates: BTreeMap<u64, (timely::dataflow::operators::Capability<u64>, ModelUpdate)> =
-                BTreeMap::new();
+        let scope = self.scope();
+        let peers = scope.peers();
+        self.binary_frontier(positions, Pipeline, to_first, "GpCheckpoint", move |_, info| {
+            let mut updates: BTreeMap<u64, (Capability<u64>, ModelUpdate)> = BTreeMap::new();
             let mut reported: BTreeMap<u64, Vec<(usize, P)>> = BTreeMap::new();
+            // Checkpoints being written, each epoch's capability held until its write ends.
+            let mut writing: BTreeMap<u64, Capability<u64>> = BTreeMap::new();
+            // Started by the first checkpoint: only one worker gets any.
+            let mut unstarted = Some((store, scope.worker().sync_activator_for(info.address.to_vec())));
+            let mut writer: Option<Result<Writer<P>, String>> = None;
             move |(updates_in, updates_frontier), (positions_in, positions_frontier), output| {
                 updates_in.for_each_stamp(|cap, data| {
                     if let Some(cap) = cap.retain_least(output.output_index()) {
@@ -312,8 +319,33 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
                         learner: update.learner,
                         positions: at.into_iter().map(|p| p.1).collect(),
                     };
-                    let saved = store.save(&checkpoint).map(|_| epoch).map_err(|e| e.to_string());
-                    output.session(&cap).give(saved);
+                    let w = writer.get_or_insert_with(|| {
+                        let (store, wake) = unstarted.take().expect("the writer starts once");
+                        Writer::start(store, wake).map_err(|e| format!("cannot start the checkpoint writer: {e}"))
+                    });
+                    let queued = match w {
+                        Ok(w) => w.save(checkpoint),
+                        Err(why) => Err(why.clone()),
+                    };
+                    match queued {
+                        Ok(()) => drop(writing.insert(epoch, cap)),
+                        Err(why) => output.session(&cap).give(Err(why)),
+                    }
+                }
+                if let Some(Ok(w)) = &writer {
+                    let (finished, stopped) = w.finished();
+                    for (epoch, outcome) in finished {
+                        if let Some(cap) = writing.remove(&epoch) {
+                            output.session(&cap).give(outcome);
+                        }
+                    }
+                    if stopped {
+                        for (_, cap) in std::mem::take(&mut writing) {
+                            output
+                                .session(&cap)
+                                .give(Err("the checkpoint writer has stopped".to_string()));
+                        }
+                    }
                 }
                 // Positions of epochs without an update are not needed.
                 let done = |t: &u64| {

@@ -27,6 +27,7 @@
 //! A complete program, run on several workers, is `operators/examples/embed.rs`.
 
 pub mod checkpoint;
+mod checkpoint_writer;
 mod delayed;
 mod health;
 mod learn;
