@@ -14,13 +14,12 @@
 mod broker;
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{produce, serve_command};
+use common::{metrics_page, produce, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::KafkaConnection;
 use rand::{Rng, SeedableRng};
@@ -43,16 +42,8 @@ fn messages(from: usize, to: usize, rng: &mut ChaCha8Rng) -> Vec<(String, String
 
 /// A counter's value on the metrics page at `port`, if the page can be read.
 fn counter(port: u16, name: &str) -> Option<u64> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut page = String::new();
-    stream.read_to_string(&mut page).ok()?;
-    page.lines()
+    metrics_page(port)?
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 

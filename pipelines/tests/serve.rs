@@ -10,14 +10,13 @@ mod broker;
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{dualgp, produce, serve_command};
+use common::{dualgp, metrics_page, produce, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{shared_data, KafkaConnection, Table};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -117,7 +116,7 @@ fn serve(address: &str, checkpoints: &Path, workers: &str, metrics_port: Option<
         // Read the endpoint until every record is counted (bounded: the run itself is).
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline && !page.contains("dualgp_predictions_out_total 300") {
-            if let Some(p) = get_metrics(port) {
+            if let Some(p) = metrics_page(port) {
                 page = p;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -133,22 +132,9 @@ fn serve(address: &str, checkpoints: &Path, workers: &str, metrics_port: Option<
 fn wait_for_predictions(metrics_port: u16, n: usize) {
     let line = format!("dualgp_predictions_out_total {n}");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && !get_metrics(metrics_port).is_some_and(|p| p.contains(&line)) {
+    while Instant::now() < deadline && !metrics_page(metrics_port).is_some_and(|p| p.contains(&line)) {
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn get_metrics(port: u16) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    Some(answer)
 }
 
 /// The model epochs of each id's predictions on `out` (`expected` messages

@@ -67,3 +67,18 @@ pub fn produce(address: &str, topic: &str, messages: &[(String, String)], partit
     }
     producer.flush(Duration::from_secs(60)).expect("all messages delivered");
 }
+
+/// The Prometheus page `serve --metrics-port PORT` serves, if it can be read.
+pub fn metrics_page(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut page = String::new();
+    stream.read_to_string(&mut page).ok()?;
+    Some(page)
+}
