@@ -8,6 +8,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
+use crate::model::math::exp::exp_nonpositive_in_place;
 use crate::model::math::linalg::transposed;
 
 /// The radial profile of a stationary kernel.
@@ -255,12 +256,7 @@ impl Kernel {
         assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
         assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
         match self {
-            Kernel::Stationary(s) => match s.family {
-                Family::SquaredExponential => s.input_grad_with(a, b, g, squared_exponential),
-                Family::Matern12 => s.input_grad_with(a, b, g, matern12),
-                Family::Matern32 => s.input_grad_with(a, b, g, matern32),
-                Family::Matern52 => s.input_grad_with(a, b, g, matern52),
-            },
+            Kernel::Stationary(s) => s.input_grad(a, b, g),
             Kernel::Constant { .. } => DMatrix::zeros(a.nrows(), a.ncols()),
             // ∂(σ² a_iᵀb_j)/∂a_i = σ² b_j.
             Kernel::Linear { variance } => *variance * g * b,
@@ -364,62 +360,84 @@ impl Family {
     }
 }
 
-// Radial profiles as functions of r²: `(f, df/d(r²))`. Taking r² (not r) keeps
-// the SE kernel free of square roots and makes every slope finite at r = 0
-// except Matérn-1/2's, see `matern12`.
-
-fn squared_exponential(r2: f64) -> (f64, f64) {
-    let e = (-0.5 * r2).exp();
-    (e, -0.5 * e)
-}
-
-/// The slope `−e^{−r}/(2r)` diverges at r = 0, but it is only ever multiplied
-/// by some `Δ_k²/ℓ_k² ≤ r²`, which is 0 there, so r = 0 contributes 0.
-fn matern12(r2: f64) -> (f64, f64) {
-    let r = r2.sqrt();
-    let e = (-r).exp();
-    let slope = if r > 0.0 { -0.5 * e / r } else { 0.0 };
-    (e, slope)
-}
-
-fn matern32(r2: f64) -> (f64, f64) {
-    let s = SQRT_3 * r2.sqrt();
-    let e = (-s).exp();
-    ((1.0 + s) * e, -1.5 * e)
-}
-
-fn matern52(r2: f64) -> (f64, f64) {
-    let s = SQRT_5 * r2.sqrt();
-    let e = (-s).exp();
-    ((1.0 + s + s * s / 3.0) * e, -(5.0 / 6.0) * (1.0 + s) * e)
-}
+// Radial profiles as functions of r²: `f` and `df/d(r²)`. Taking r² (not r)
+// keeps the SE kernel free of square roots and makes every slope finite at
+// r = 0 except Matérn-1/2's, see `Family::profiles`.
 
 const SQRT_3: f64 = 1.732_050_807_568_877_2;
 const SQRT_5: f64 = 2.236_067_977_499_79;
 
+/// How many r² a profile evaluates at a time, in buffers on the stack.
+const CHUNK: usize = 256;
+
+impl Family {
+    /// Overwrites each r² in `values` with `f(r²)` and, given `slopes`, sets
+    /// those to `df/d(r²)`. Each family is `poly(s)·e^{−s}` for some `s(r²)`;
+    /// the exponentials go four at a time ([`exp_nonpositive_in_place`]),
+    /// where libm's one-at-a-time `exp` was a tenth of an update's time.
+    fn profiles(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+        match self {
+            Family::SquaredExponential => chunked(values, slopes, |r2| 0.5 * r2, |_, e| e, |_, e| -0.5 * e),
+            // The slope `−e^{−r}/(2r)` diverges at r = 0, but it is only ever
+            // multiplied by some `Δ_k²/ℓ_k² ≤ r²`, which is 0 there, so r = 0 contributes 0.
+            Family::Matern12 => chunked(
+                values,
+                slopes,
+                f64::sqrt,
+                |_, e| e,
+                |r, e| if r > 0.0 { -0.5 * e / r } else { 0.0 },
+            ),
+            Family::Matern32 => chunked(
+                values,
+                slopes,
+                |r2| SQRT_3 * r2.sqrt(),
+                |s, e| (1.0 + s) * e,
+                |_, e| -1.5 * e,
+            ),
+            Family::Matern52 => chunked(
+                values,
+                slopes,
+                |r2| SQRT_5 * r2.sqrt(),
+                |s, e| (1.0 + s + s * s / 3.0) * e,
+                |s, e| -(5.0 / 6.0) * (1.0 + s) * e,
+            ),
+        }
+    }
+}
+
+/// [`Family::profiles`] for one family: `s = exponent(r²)`, `e = e^{−s}`,
+/// then `value(s, e)` and `slope(s, e)`.
+fn chunked(
+    values: &mut [f64],
+    mut slopes: Option<&mut [f64]>,
+    exponent: impl Fn(f64) -> f64,
+    value: impl Fn(f64, f64) -> f64,
+    slope: impl Fn(f64, f64) -> f64,
+) {
+    let (mut s, mut e) = ([0.0; CHUNK], [0.0; CHUNK]);
+    for (c, chunk) in values.chunks_mut(CHUNK).enumerate() {
+        let n = chunk.len();
+        for ((s, e), &r2) in s.iter_mut().zip(&mut e).zip(&*chunk) {
+            *s = exponent(r2);
+            *e = -*s;
+        }
+        exp_nonpositive_in_place(&mut e[..n]);
+        if let Some(slopes) = slopes.as_deref_mut() {
+            for ((out, &s), &e) in slopes[c * CHUNK..c * CHUNK + n].iter_mut().zip(&s).zip(&e) {
+                *out = slope(s, e);
+            }
+        }
+        for ((out, &s), &e) in chunk.iter_mut().zip(&s).zip(&e) {
+            *out = value(s, e);
+        }
+    }
+}
+
 impl Stationary {
     fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-        // Dispatch once per call so each family's loop is monomorphised.
-        match self.family {
-            Family::SquaredExponential => self.matrix_with(a, b, |r2| squared_exponential(r2).0),
-            Family::Matern12 => self.matrix_with(a, b, |r2| matern12(r2).0),
-            Family::Matern32 => self.matrix_with(a, b, |r2| matern32(r2).0),
-            Family::Matern52 => self.matrix_with(a, b, |r2| matern52(r2).0),
-        }
-    }
-
-    fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
-        match self.family {
-            Family::SquaredExponential => self.grad_with(a, b, g, squared_exponential),
-            Family::Matern12 => self.grad_with(a, b, g, matern12),
-            Family::Matern32 => self.grad_with(a, b, g, matern32),
-            Family::Matern52 => self.grad_with(a, b, g, matern52),
-        }
-    }
-
-    fn matrix_with(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, f: impl Fn(f64) -> f64) -> DMatrix<f64> {
         let mut k = self.scaled_sq_dist(a, b);
-        k.apply(|x| *x = self.variance * f(*x));
+        self.family.profiles(k.as_mut_slice(), None);
+        k *= self.variance;
         k
     }
 
@@ -437,26 +455,17 @@ impl Stationary {
 
     /// `∂K/∂log σ² = K`, and `∂K/∂log ℓ_k = σ² f'(r²) · (−2 Δ_k²/ℓ_k²)`,
     /// summed with weights `G`.
-    fn grad_with(
-        &self,
-        a: &DMatrix<f64>,
-        b: &DMatrix<f64>,
-        g: &DMatrix<f64>,
-        profile: impl Fn(f64) -> (f64, f64),
-    ) -> DVector<f64> {
+    fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
         let mut grad = DVector::zeros(1 + self.lengthscales.len());
         if a.nrows() == 0 || b.nrows() == 0 {
             return grad;
         }
         let r2 = self.scaled_sq_dist(a, b);
-        let mut gf = 0.0;
+        let mut f = r2.clone();
         let mut w = DMatrix::zeros(a.nrows(), b.nrows()); // G ∘ f'(R²)
-        for ((wij, &rij), &gij) in w.iter_mut().zip(r2.iter()).zip(g.iter()) {
-            let (f, slope) = profile(rij);
-            gf += gij * f;
-            *wij = gij * slope;
-        }
-        grad[0] = self.variance * gf;
+        self.family.profiles(f.as_mut_slice(), Some(w.as_mut_slice()));
+        w.component_mul_assign(g);
+        grad[0] = self.variance * f.dot(g);
         if self.lengthscales.len() == 1 {
             // Σ_k Δ_k²/ℓ² is r² itself.
             grad[1] = -2.0 * self.variance * w.dot(&r2);
@@ -471,19 +480,15 @@ impl Stationary {
 
     /// `∂k(a_i, b_j)/∂a_ik = σ² f'(r²) · 2 (a_ik − b_jk)/ℓ_k²`, summed over j with
     /// weights G: with `W = G ∘ f'(R²)`, `diag(W1) A − W B` in scaled units.
-    fn input_grad_with(
-        &self,
-        a: &DMatrix<f64>,
-        b: &DMatrix<f64>,
-        g: &DMatrix<f64>,
-        profile: impl Fn(f64) -> (f64, f64),
-    ) -> DMatrix<f64> {
+    fn input_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DMatrix<f64> {
         if a.nrows() == 0 || b.nrows() == 0 {
             return DMatrix::zeros(a.nrows(), a.ncols());
         }
         let (a_s, b_s) = self.scaled(a, b);
-        let mut w = sq_dist_matrix(&a_s, &b_s);
-        w.zip_apply(g, |x, gij| *x = gij * profile(*x).1);
+        let mut f = sq_dist_matrix(&a_s, &b_s);
+        let mut w = DMatrix::zeros(a.nrows(), b.nrows());
+        self.family.profiles(f.as_mut_slice(), Some(w.as_mut_slice()));
+        w.component_mul_assign(g);
         let row_sums = w.column_sum();
         let mut out = a_s;
         for mut col in out.column_iter_mut() {
