@@ -75,6 +75,9 @@ fn learner(classes: bool) -> SequentialLearner {
         } else {
             PastInMStep::ScaledMemory
         },
+        // The regression stream's M-step works on a sample of each epoch
+        // (and memory): which blocks answer must not depend on the workers.
+        m_sample: relearn_in_m_step.then_some(25),
         optimizer,
         memory,
         // The regression stream's bounded memory counts as a control

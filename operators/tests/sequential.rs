@@ -3,9 +3,11 @@
 
 use std::ops::Range;
 
+use dualgp_operators::model::dual::blocks::m_step_sample;
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::dual::memory::{reservoir_key, top_k};
 use dualgp_operators::model::dual::point::point_uniform;
+use dualgp_operators::model::dual::shard::route;
 use dualgp_operators::model::{
     bayesian_leverage_scores, Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, Link,
     MemoryPolicy, Optimizer, PastInMStep, PointId, PointSites, SequentialConfig, SequentialLearner, StreamingLearner,
@@ -484,5 +486,44 @@ fn with_past_data_as_its_message_the_m_step_reaches_the_online_collapsed_bound()
     let jitter = relative_jitter(&learner);
     assert_at_stationary_point(&learner, |t| {
         collapsed_bound_after(Some((&first, &START)), &second, &z, t, jitter)
+    });
+}
+
+#[test]
+fn an_m_step_on_a_sample_climbs_the_bound_in_which_the_rest_stand_as_past_data() {
+    // The points left out of the M-step's sample join past data's message:
+    // the bound it climbs holds them as pseudo-observations under θ₀, as it
+    // holds the first batch, and the sample as data.
+    let data = wave(300, 17);
+    let (first, second) = (rows(&data, 0..150), rows(&data, 150..300));
+    let z = first.x().rows(0, 40).into_owned();
+    let mut learner = relearning(&z, 0, PastInMStep::Message);
+    learner.update(&first).unwrap();
+    learner.config.m_steps = 100;
+    learner.config.m_sample = Some(75);
+    // `update` knows the second batch's records by their row index.
+    let sample = m_step_sample(0..150, 75, learner.config.seed, 1);
+    let (inside, outside): (Vec<usize>, Vec<usize>) = (0..150).partition(|&i| sample.contains(route(i as i64)));
+    assert!(
+        (75..120).contains(&inside.len()),
+        "{} points in the sample",
+        inside.len()
+    );
+    learner.update(&second).unwrap();
+    let past = first.select(&(0..150).collect::<Vec<_>>());
+    let left_out = second.select(&outside);
+    let x = DMatrix::from_fn(150 + outside.len(), 2, |i, j| {
+        if i < 150 {
+            past.x()[(i, j)]
+        } else {
+            left_out.x()[(i - 150, j)]
+        }
+    });
+    let y = DVector::from_iterator(x.nrows(), past.y().iter().chain(left_out.y().iter()).copied());
+    let past = Data::new(x, y).unwrap();
+    let sampled = second.select(&inside);
+    let jitter = relative_jitter(&learner);
+    assert_at_stationary_point(&learner, |t| {
+        collapsed_bound_after(Some((&past, &START)), &sampled, &z, t, jitter)
     });
 }

@@ -13,6 +13,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
+use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
@@ -88,6 +89,11 @@ pub struct SequentialConfig {
     pub relearn_in_m_step: bool,
     #[serde(default)]
     pub past_in_m_step: PastInMStep,
+    /// The M-step works on about this many points of the batch and the memory
+    /// (whole blocks, drawn anew each update); the others join past data's
+    /// message until it ends. None: on all of them.
+    #[serde(default)]
+    pub m_sample: Option<usize>,
     pub optimizer: Optimizer,
     pub memory: MemoryPolicy,
     /// The memory as a control variate for all past data (see
@@ -115,6 +121,7 @@ impl Default for SequentialConfig {
             reexpress_old_data: false,
             relearn_in_m_step: false,
             past_in_m_step: PastInMStep::ScaledMemory,
+            m_sample: None,
             optimizer: Optimizer::Adam { lr: 0.01 },
             memory: MemoryPolicy::PerBatch { k: 10, capacity: None },
             memory_control_variate: false,
@@ -165,6 +172,20 @@ impl SequentialConfig {
                 "past data as a message in the M-step needs the batch and memory re-learned at every θ".into(),
             ));
         }
+        match self.m_sample {
+            Some(0) => {
+                return Err(ModelError::Config(
+                    "the M-step's sample must hold at least 1 point".into(),
+                ))
+            }
+            Some(_) if self.past_in_m_step != PastInMStep::Message => {
+                // The points left out join past data's message: there must be one.
+                return Err(ModelError::Config(
+                    "an M-step on a sample needs past data as a message in the M-step".into(),
+                ));
+            }
+            _ => {}
+        }
         self.e_step.validate()
     }
 }
@@ -189,6 +210,8 @@ pub struct UpdateReport {
     pub memory: usize,
     /// Whether the inducing inputs moved.
     pub moved_inducing: bool,
+    /// Objective evaluations the M-step took.
+    pub m_evaluations: usize,
     pub seconds: StepSeconds,
 }
 
@@ -300,6 +323,7 @@ impl SequentialLearner {
             other => return Err(unexpected("arrivals", &other)),
         };
         let x = DMatrix::from_fn(arrivals.len(), arrivals[0].1.len(), |i, j| arrivals[i].1[j]);
+        let sample = self.m_step_sample(arrivals.iter().map(|a| a.0));
         if self.posterior.is_none() {
             self.kernel.validate(x.ncols())?;
             let z = select_inducing(&self.kernel, &x, self.config.inducing, self.config.pivot);
@@ -335,11 +359,12 @@ impl SequentialLearner {
         } else {
             0
         };
+        let mut m_evaluations = 0;
         for round in 0..rounds {
             let before = (self.config.reexpress_old_data && message.is_none() && share < 1.0)
                 .then(|| self.require().cloned())
                 .transpose()?;
-            self.m_step(shards, message.as_ref(), memory_weight).await?;
+            m_evaluations += self.m_step(shards, message.as_ref(), memory_weight, sample).await?;
             if let Some(before) = &before {
                 self.reexpress_old_data(shards, before).await?;
             }
@@ -364,6 +389,7 @@ impl SequentialLearner {
             inducing = seconds.inducing,
             e_step = seconds.e_step,
             m_step = seconds.m_step,
+            m_evaluations,
             memory = seconds.memory,
             "update seconds"
         );
@@ -372,6 +398,7 @@ impl SequentialLearner {
             n_seen: self.n_seen,
             memory: self.memory.len(),
             moved_inducing,
+            m_evaluations,
             seconds,
         })
     }
@@ -617,25 +644,47 @@ impl SequentialLearner {
         self.e_steps(shards, e_step).await
     }
 
+    /// The blocks the M-step works on: a sample of the batch (these
+    /// records) and the memory, drawn from the seed and the update's number.
+    fn m_step_sample(&self, batch: impl Iterator<Item = PointId>) -> Blocks {
+        match self.config.m_sample {
+            None => Blocks::ALL,
+            Some(bound) => {
+                let ids = batch.chain(self.memory.points.iter().map(|p| p.id)).map(|p| p.id);
+                m_step_sample(ids, bound, self.config.seed, self.batches)
+            }
+        }
+    }
+
     /// Step 4: Adam steps or an L-BFGS search on `F(θ)` with older data's
     /// sites held (and the batch's and memory's too, unless re-learning); the
     /// memory's terms are scaled by `n_old / |M|` to stand for all past data,
-    /// or past data keeps its message (see [`PastInMStep`]).
+    /// or past data keeps its message (see [`PastInMStep`]). Points outside
+    /// `sample` join that message until the search ends. Returns the number
+    /// of objective evaluations.
     async fn m_step(
         &mut self,
         shards: &mut impl Shards,
         message: Option<&PastMessage>,
         memory_weight: f64,
-    ) -> Result<()> {
-        let mut past = match message {
-            Some(message) => Some(self.past(shards, message.clone()).await?),
-            None => None,
+        sample: Blocks,
+    ) -> Result<usize> {
+        let left_out = match sample {
+            Blocks::ALL => None,
+            _ => Some(self.leave_out(shards, sample).await?),
+        };
+        let messages: Vec<PastMessage> = message.into_iter().chain(&left_out).cloned().collect();
+        let mut past = match messages.is_empty() {
+            true => None,
+            false => Some(self.past(shards, messages).await?),
         };
         let theta = hyperparameters(self.kernel(), &self.likelihood);
+        let mut evaluations = 0;
         match self.config.optimizer {
             Optimizer::Adam { .. } => {
                 let mut theta = theta;
                 for _ in 0..self.config.m_steps {
+                    evaluations += 1;
                     let (_, grad) = self.objective(shards, memory_weight, past.as_ref()).await?;
                     self.adam.step(&mut theta, &grad);
                     self.set_hyperparameters(&theta, past.as_mut())?;
@@ -645,6 +694,7 @@ impl SequentialLearner {
                 let mut search =
                     Lbfgs::new(theta, self.config.m_steps, history).with_tolerance(self.config.m_tolerance);
                 while let Some(theta) = search.next_point() {
+                    evaluations += 1;
                     let outcome = match self.set_hyperparameters(&theta.clone(), past.as_mut()) {
                         Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,
                         Err(e) => Err(e),
@@ -654,12 +704,49 @@ impl SequentialLearner {
                 self.set_hyperparameters(&search.best().0, past.as_mut())?;
             }
         }
-        Ok(())
+        if let Some(message) = left_out {
+            self.take_back(shards, &message, sample).await?;
+        }
+        Ok(evaluations)
     }
 
-    /// Past data's `message` and its sites in the totals: all but the batch's
-    /// and memory's contribution.
-    async fn past(&mut self, shards: &mut impl Shards, message: PastMessage) -> Result<Past> {
+    /// Points outside `sample` leave the M-step: the message of their
+    /// contribution, and only the sample's blocks answer from now on.
+    async fn leave_out(&mut self, shards: &mut impl Shards, sample: Blocks) -> Result<PastMessage> {
+        let all = self
+            .totals(shards, Query::Contribution { model: self.current() })
+            .await?;
+        shards.ask(Query::Focus { blocks: sample }).await;
+        let inside = self
+            .totals(shards, Query::Contribution { model: self.current() })
+            .await?;
+        Ok(PastMessage::of(self.require()?, &without(&all, &inside)))
+    }
+
+    /// After the M-step, the points [`leave_out`](Self::leave_out) set
+    /// aside hold their own sites in the totals again, instead of their message.
+    async fn take_back(&mut self, shards: &mut impl Shards, message: &PastMessage, sample: Blocks) -> Result<()> {
+        shards
+            .ask(Query::Focus {
+                blocks: sample.complement(),
+            })
+            .await;
+        let own = self
+            .totals(shards, Query::Contribution { model: self.current() })
+            .await?;
+        shards.ask(Query::Focus { blocks: Blocks::ALL }).await;
+        let post = self.posterior.as_mut().expect("initialised");
+        let held = message.whitened(post);
+        for ((totals, held), own) in post.whitened.iter_mut().zip(&held).zip(&own) {
+            totals.add(held, -1.0);
+            totals.add(own, 1.0);
+        }
+        post.refresh_sites()
+    }
+
+    /// Past data's `messages` and their sites in the totals: all but the
+    /// contribution of the points that answer.
+    async fn past(&mut self, shards: &mut impl Shards, messages: Vec<PastMessage>) -> Result<Past> {
         let here = self
             .totals(shards, Query::Contribution { model: self.current() })
             .await?;
@@ -668,7 +755,7 @@ impl SequentialLearner {
         for (sites, here) in sites.iter_mut().zip(&here) {
             sites.add(here, -1.0);
         }
-        Ok(Past { message, sites })
+        Ok(Past { messages, sites })
     }
 
     /// `F(θ)` and its gradient at the current hyperparameters, with the batch
@@ -680,12 +767,13 @@ impl SequentialLearner {
         past: Option<&Past>,
     ) -> Result<(f64, DVector<f64>)> {
         if self.config.relearn_in_m_step {
-            let e_step = if self.likelihood.is_conjugate() {
-                EStepConfig { steps: 1, rho: 1.0 }
-            } else {
-                self.config.e_step
-            };
-            self.relearn_with(shards, e_step).await?;
+            match past {
+                Some(past) => self.refit(shards, past).await?,
+                None if self.likelihood.is_conjugate() => {
+                    self.relearn_with(shards, EStepConfig { steps: 1, rho: 1.0 }).await?
+                }
+                None => self.relearn_with(shards, self.config.e_step).await?,
+            }
         }
         let query = Query::Gradient {
             model: self.current(),
@@ -697,13 +785,31 @@ impl SequentialLearner {
         };
         let post = self.require()?;
         let mut objective = terms.finish(post, &self.likelihood, past.map(|p| p.sites.as_slice()));
-        if let Some(past) = past {
-            let (value, grad) = past.message.conditional_term(post);
+        for message in past.iter().flat_map(|p| &p.messages) {
+            let (value, grad) = message.conditional_term(post);
             objective.value += value;
             let mut kernel_part = objective.grad.rows_mut(0, grad.len());
             kernel_part += &grad;
         }
         Ok((objective.value, objective.grad))
+    }
+
+    /// Re-learns the points that answer under the current `θ`: the totals
+    /// are `past`'s sites and the points' contribution under new columns,
+    /// with exact sites for a conjugate likelihood, else after E-steps.
+    async fn refit(&mut self, shards: &mut impl Shards, past: &Past) -> Result<()> {
+        let here = self.totals(shards, Query::Refit { model: self.current() }).await?;
+        let post = self.posterior.as_mut().expect("initialised");
+        for ((totals, past), here) in post.whitened.iter_mut().zip(&past.sites).zip(&here) {
+            totals.clone_from(past);
+            totals.add(here, 1.0);
+        }
+        post.refresh_sites()?;
+        if self.likelihood.is_conjugate() {
+            Ok(())
+        } else {
+            self.e_steps(shards, self.config.e_step).await
+        }
     }
 
     /// Sets `θ` with the site totals held; past data's part follows its
@@ -713,7 +819,7 @@ impl SequentialLearner {
         let likelihood = &mut self.likelihood;
         let t = post.change_holding_totals(|kernel, _| set_hyperparameters(kernel, likelihood, theta))?;
         if let Some(past) = past {
-            let sites = past.message.whitened(post);
+            let sites = past.whitened(post);
             for ((totals, new), old) in post.whitened.iter_mut().zip(&sites).zip(&mut past.sites) {
                 old.transform(&t);
                 totals.add(new, 1.0);
@@ -811,11 +917,25 @@ impl SequentialLearner {
     }
 }
 
-/// Past data's message during an M-step, and the (whitened) sites it has in
-/// the totals under the current `θ`.
+/// Past data's messages during an M-step, and the (whitened) sites they have
+/// in the totals under the current `θ`.
 struct Past {
-    message: PastMessage,
+    messages: Vec<PastMessage>,
     sites: Vec<Sites>,
+}
+
+impl Past {
+    /// The messages' sites under `post`'s kernel and `Z`, whitened.
+    fn whitened(&self, post: &DualPosterior) -> Vec<Sites> {
+        let mut parts = self.messages.iter().map(|m| m.whitened(post));
+        let mut sum = parts.next().expect("a past holds at least one message");
+        for part in parts {
+            for (s, p) in sum.iter_mut().zip(&part) {
+                s.add(p, 1.0);
+            }
+        }
+        sum
+    }
 }
 
 /// Asks every shard the same question and merges their answers.
@@ -849,6 +969,7 @@ impl StreamingLearner for SequentialLearner {
             details: vec![
                 ("memory", report.memory as f64),
                 ("moved_inducing", f64::from(u8::from(report.moved_inducing))),
+                ("m_evaluations", report.m_evaluations as f64),
                 ("seconds_e_step", s.e_step),
                 ("seconds_m_step", s.m_step),
             ],

@@ -18,6 +18,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
+use crate::model::dual::blocks::Blocks;
 use crate::model::dual::estep::{site_update, Anchored, PointSites, StepSize};
 use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
@@ -60,8 +61,11 @@ pub enum Query {
     /// The batch's inputs (only the round that announces a batch answers it).
     Arrivals,
     /// Start from zero sites on the batch and the memory points this shard
-    /// owns, under `model`; each memory point stands for itself.
+    /// owns, under `model`; each memory point stands for itself. Every block
+    /// answers from here on.
     Begin { model: Snapshot, memory: Vec<MemoryPoint> },
+    /// Only these blocks answer until the next `Focus` or `Begin`.
+    Focus { blocks: Blocks },
     /// One damped E-step: the points' expected log-likelihood before it, and
     /// the change of their contribution to the totals.
     EStep { model: Snapshot, step: StepSize },
@@ -75,6 +79,11 @@ pub enum Query {
     Contribution { model: Snapshot },
     /// Kernel columns under `model` replace the old ones: the change of the contribution.
     Recolumn { model: Snapshot },
+    /// Kernel columns under `model` replace the old ones and, with a
+    /// conjugate likelihood, the sites become exact under it: the whole
+    /// contribution (what [`Recolumn`](Query::Recolumn) then an E-step give,
+    /// without whitening the old columns again).
+    Refit { model: Snapshot },
     /// From now on the memory points stand for past data as `control`
     /// says: the change of the contribution.
     CorrectForPast { model: Snapshot, control: ControlVariate },
@@ -214,6 +223,7 @@ impl<T: Summand> BlockSums<T> {
 pub struct Shard {
     partition: Partition,
     blocks: BTreeMap<u64, Block>,
+    focus: Blocks,
 }
 
 impl Shard {
@@ -237,7 +247,11 @@ impl Shard {
                 (block, Block::new(block, &ids, Some(data.select(&rows))))
             })
             .collect();
-        Shard { partition, blocks }
+        Shard {
+            partition,
+            blocks,
+            focus: Blocks::ALL,
+        }
     }
 
     pub fn answer(&mut self, mut query: Query) -> Answer {
@@ -247,12 +261,22 @@ impl Shard {
                 .ensure_factors()
                 .expect("the learner factorised this posterior before sending it");
         }
-        if let Query::Begin { memory, .. } = &mut query {
-            self.share_out(std::mem::take(memory));
+        match &mut query {
+            Query::Begin { memory, .. } => {
+                self.focus = Blocks::ALL;
+                self.share_out(std::mem::take(memory));
+            }
+            Query::Focus { blocks } => {
+                self.focus = *blocks;
+                return Answer::Nothing;
+            }
+            _ => {}
         }
+        let focus = self.focus;
         self.blocks
-            .values_mut()
-            .map(|b| b.answer(&query))
+            .iter_mut()
+            .filter(|(&block, _)| focus.contains(block))
+            .map(|(_, b)| b.answer(&query))
             .fold(Answer::Nothing, Answer::merge)
     }
 
@@ -280,11 +304,12 @@ impl Query {
             | Query::Gradient { model, .. }
             | Query::Contribution { model }
             | Query::Recolumn { model }
+            | Query::Refit { model }
             | Query::CorrectForPast { model, .. }
             | Query::Drift { model }
             | Query::Keys { model, .. }
             | Query::Finish { model, .. } => Some(model),
-            Query::Arrivals | Query::Restore | Query::Leave { .. } => None,
+            Query::Arrivals | Query::Focus { .. } | Query::Restore | Query::Leave { .. } => None,
         }
     }
 }
@@ -378,6 +403,7 @@ impl Block {
         let held = matches!(query, Query::Recolumn { .. }).then(|| self.contribution().into_owned());
         match query {
             Query::Arrivals => self.arrivals(),
+            Query::Focus { .. } => Answer::Nothing,
             Query::Begin { model, .. } => self.begin(model),
             Query::EStep { model, step } => match (&self.points, &self.columns) {
                 (Some(points), Some(columns)) => {
@@ -461,6 +487,7 @@ impl Block {
                 }
                 _ => Answer::Nothing,
             },
+            Query::Refit { model } => self.refit(model),
             Query::Keys {
                 model,
                 seed,
@@ -493,6 +520,22 @@ impl Block {
             None => Cow::Borrowed(&self.sites),
             Some(control) => Cow::Owned(contribution(&self.sites, self.n_batch(), control, &self.first)),
         }
+    }
+
+    fn refit(&mut self, model: &Snapshot) -> Answer {
+        let Some(points) = &self.points else {
+            return Answer::Nothing;
+        };
+        let columns = Columns::under(&model.posterior, points.x());
+        for (i, &y) in points.y().iter().enumerate() {
+            if let Some((s1, s2)) = model.likelihood.exact_site(y) {
+                self.sites.s1[(i, 0)] = s1;
+                self.sites.s2[(i, 0)] = s2;
+            }
+        }
+        let sums = self.contribution().totals(&columns.cross.a);
+        self.columns = Some(columns);
+        Answer::Totals(BlockSums::one(self.block, sums))
     }
 
     fn correct_for_past(&mut self, model: &Snapshot, control: ControlVariate) -> Answer {

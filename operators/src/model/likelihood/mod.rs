@@ -95,6 +95,15 @@ impl Likelihood {
         matches!(self, Likelihood::Gaussian { .. })
     }
 
+    /// A conjugate likelihood's site of `y`, `(y/σ², 1/σ²)`: what one
+    /// undamped E-step reaches from any posterior.
+    pub fn exact_site(&self, y: f64) -> Option<(f64, f64)> {
+        match *self {
+            Likelihood::Gaussian { variance } => Some((y / variance, 1.0 / variance)),
+            _ => None,
+        }
+    }
+
     pub fn n_params(&self) -> usize {
         match self {
             Likelihood::Gaussian { .. } => 1,
