@@ -49,8 +49,9 @@ impl Scorer {
     fn score(&self, records: &[&Record], features: usize) -> Vec<(Predictive, Option<f64>)> {
         let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
         let scored = |likelihood: &Likelihood, i: usize, mean: &[f64], var: &[f64]| {
-            let density = records[i].label.map(|y| likelihood.log_predictive(mean, var, y));
-            (likelihood.predict(mean, var), density)
+            let d = records[i].output;
+            let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
+            (likelihood.predict_of(d, mean, var), density)
         };
         let mut out = Vec::with_capacity(records.len());
         match &self.model {
@@ -338,7 +339,8 @@ fn shard_of(partition: Partition, epochs: BTreeMap<u64, Vec<Record>>, features: 
         .collect();
     let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].1.features[j]);
     let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
-    let data = Data::new(x, y).expect("checked on arrival");
+    let outputs = records.iter().map(|(_, r)| r.output).collect();
+    let data = Data::with_outputs(x, y, outputs).expect("checked on arrival");
     Shard::of_points(partition, &ids, data)
 }
 
@@ -353,8 +355,15 @@ fn check(record: &Record, features: usize, likelihood: &Likelihood) -> Result<()
     if let Some(j) = record.features.iter().position(|v| !v.is_finite()) {
         return Err(format!("feature {j} is {}", record.features[j]));
     }
+    let d = record.output;
+    if d >= likelihood.n_outputs() {
+        return Err(format!(
+            "output {d} is outside 0..{n} (the model has {n} outputs, one per --likelihood entry)",
+            n = likelihood.n_outputs()
+        ));
+    }
     match record.label {
-        Some(y) => likelihood.check_label(0, y).map_err(|e| e.to_string()),
+        Some(y) => likelihood.check_label_of(0, d, y).map_err(|e| e.to_string()),
         None => Ok(()),
     }
 }
