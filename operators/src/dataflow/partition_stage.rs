@@ -367,3 +367,24 @@ fn check(record: &Record, features: usize, likelihood: &Likelihood) -> Result<()
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of an output the model lacks, or with a label outside its
+    /// output's likelihood, is refused with the reason (a dead letter).
+    #[test]
+    fn a_record_of_an_output_the_model_lacks_is_refused_with_the_reason() {
+        let lik = Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap();
+        let record = |output: usize, y: f64| Record::new(1, vec![0.5], Some(y)).with_output(output);
+        assert_eq!(check(&record(1, 1.0), 1, &lik), Ok(()));
+        assert_eq!(check(&record(0, 0.3), 1, &lik), Ok(()));
+        let beyond = check(&record(2, 1.0), 1, &lik).unwrap_err();
+        assert!(beyond.contains("output 2 is outside 0..2"), "{beyond}");
+        let label = check(&record(1, 0.3), 1, &lik).unwrap_err();
+        assert!(label.contains("0.3"), "{label}");
+        let single = Likelihood::Gaussian { variance: 1.0 };
+        assert!(check(&record(1, 0.3), 1, &single).is_err());
+    }
+}
