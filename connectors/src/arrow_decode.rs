@@ -323,11 +323,7 @@ impl Columns {
             _ => None,
         };
         Ok(DecodedRow {
-            record: Record {
-                id: self.id.value(r),
-                features,
-                label,
-            },
+            record: Record::new(self.id.value(r), features, label),
             event_time,
         })
     }

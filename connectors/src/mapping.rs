@@ -64,6 +64,8 @@ impl ColumnMapping {
                 ..mapping
             },
             Likelihood::Gaussian { .. } | Likelihood::StudentT { .. } => mapping,
+            // Which labels are valid depends on a record's output: the model checks them.
+            Likelihood::MultiOutput(_) => mapping,
         }
     }
 

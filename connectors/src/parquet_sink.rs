@@ -40,6 +40,8 @@ impl PredictionLayout {
             Likelihood::Gaussian { .. } | Likelihood::Poisson | Likelihood::StudentT { .. } => {
                 PredictionLayout::Moments
             }
+            // One layout per file: that of output 0 (the sink of one output's stream).
+            Likelihood::MultiOutput(multi) => PredictionLayout::for_likelihood(&multi.outputs[0]),
         }
     }
 

@@ -214,6 +214,9 @@ pub struct ColumnSpec {
     /// The task column (integer; which task of a continual-learning stream a
     /// record belongs to, for per-task evaluation).
     pub task: Column,
+    /// The output column (integer; which output of a multi-output model a
+    /// record observes, 0..D−1). A file without it observes output 0.
+    pub output: Column,
 }
 
 impl Default for ColumnSpec {
@@ -224,6 +227,7 @@ impl Default for ColumnSpec {
             label: Column::Required("y".into()),
             fold: Column::IfPresent("fold".into()),
             task: Column::IfPresent("task".into()),
+            output: Column::IfPresent("output".into()),
         }
     }
 }
@@ -270,6 +274,8 @@ pub struct Table {
     pub folds: Option<Vec<i8>>,
     /// Task of each record, when the file has a task column.
     pub tasks: Option<Vec<i64>>,
+    /// Output of each record, when the file has an output column.
+    pub outputs: Option<Vec<i64>>,
     /// Features, n × d (rows are records).
     pub features: DMatrix<f64>,
     /// Names of the feature columns, in matrix column order.
@@ -286,6 +292,7 @@ enum Role {
     Id,
     Fold,
     Task,
+    Output,
     Feature,
     Label,
 }
@@ -293,7 +300,7 @@ enum Role {
 impl Role {
     fn expected(self) -> &'static str {
         match self {
-            Role::Id | Role::Fold | Role::Task => "an integer type (int8/16/32/64 or uint8/16/32)",
+            Role::Id | Role::Fold | Role::Task | Role::Output => "an integer type (int8/16/32/64 or uint8/16/32)",
             Role::Feature | Role::Label => "int32, int64, float32 or float64",
         }
     }
@@ -301,7 +308,7 @@ impl Role {
     fn accepts(self, t: &DataType) -> bool {
         use DataType::*;
         match self {
-            Role::Id | Role::Fold | Role::Task => {
+            Role::Id | Role::Fold | Role::Task | Role::Output => {
                 matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
             }
             Role::Feature | Role::Label => matches!(t, Int32 | Int64 | Float32 | Float64),
@@ -370,6 +377,7 @@ impl Table {
         let label = optional(&spec.label)?;
         let fold = optional(&spec.fold)?;
         let task = optional(&spec.task)?;
+        let output = optional(&spec.output)?;
 
         let mut wanted: Vec<(&str, Role)> = vec![(spec.id.as_str(), Role::Id)];
         if let Some(f) = &fold {
@@ -377,6 +385,9 @@ impl Table {
         }
         if let Some(t) = &task {
             wanted.push((t, Role::Task));
+        }
+        if let Some(o) = &output {
+            wanted.push((o, Role::Output));
         }
         wanted.extend(feature_names.iter().map(|n| (n.as_str(), Role::Feature)));
         if let Some(l) = &label {
@@ -407,6 +418,7 @@ impl Table {
         let mut ids: Vec<i64> = Vec::with_capacity(n_rows);
         let mut folds: Option<Vec<i8>> = fold.as_ref().map(|_| Vec::with_capacity(n_rows));
         let mut tasks: Option<Vec<i64>> = task.as_ref().map(|_| Vec::with_capacity(n_rows));
+        let mut outputs: Option<Vec<i64>> = output.as_ref().map(|_| Vec::with_capacity(n_rows));
         let mut labels: Option<Vec<f64>> = label.as_ref().map(|_| Vec::with_capacity(n_rows));
         let mut columns: Vec<Vec<f64>> = feature_names.iter().map(|_| Vec::with_capacity(n_rows)).collect();
         let mut offset = 0usize;
@@ -451,6 +463,10 @@ impl Table {
                 let t = cast(&col(name)?, &DataType::Int64).map_err(read_err)?;
                 tasks.extend_from_slice(t.as_primitive::<Int64Type>().values());
             }
+            if let (Some(name), Some(outputs)) = (&output, outputs.as_mut()) {
+                let o = cast(&col(name)?, &DataType::Int64).map_err(read_err)?;
+                outputs.extend_from_slice(o.as_primitive::<Int64Type>().values());
+            }
             for (name, out) in feature_names.iter().zip(columns.iter_mut()) {
                 let f = cast(&col(name)?, &DataType::Float64).map_err(read_err)?;
                 out.extend_from_slice(f.as_primitive::<Float64Type>().values());
@@ -469,6 +485,7 @@ impl Table {
             ids,
             folds,
             tasks,
+            outputs,
             features,
             feature_names,
             labels,
@@ -500,6 +517,7 @@ impl Table {
             ids: rows.iter().map(|&r| self.ids[r]).collect(),
             folds: self.folds.as_ref().map(|f| rows.iter().map(|&r| f[r]).collect()),
             tasks: self.tasks.as_ref().map(|t| rows.iter().map(|&r| t[r]).collect()),
+            outputs: self.outputs.as_ref().map(|o| rows.iter().map(|&r| o[r]).collect()),
             features: self.features.select_rows(rows),
             feature_names: self.feature_names.clone(),
             labels: self.labels.as_ref().map(|l| rows.iter().map(|&r| l[r]).collect()),

@@ -35,11 +35,7 @@ fn stream() -> Vec<Vec<Record>> {
                     let x: Vec<f64> = (0..2).map(|_| rng.random_range(-2.0..2.0)).collect();
                     let y = (1.5 * x[0]).sin() * x[1].cos() + 0.1 * rng.random::<f64>();
                     id += 1;
-                    Record {
-                        id,
-                        features: x,
-                        label: Some(y),
-                    }
+                    Record::new(id, x, Some(y))
                 })
                 .collect()
         })

@@ -41,7 +41,7 @@ fn stream(classes: bool, epochs: usize, per_epoch: usize, seed: u64) -> Vec<Vec<
                         13 => (vec![x[0], f64::NAN], Some(y)),
                         _ => (x, Some(y)),
                     };
-                    Record { id, features, label }
+                    Record::new(id, features, label)
                 })
                 .collect()
         })

@@ -18,6 +18,7 @@ fn labels(lik: &Likelihood, f: f64, rng: &mut ChaCha8Rng) -> f64 {
         Likelihood::Bernoulli { .. } => f64::from(f + 0.5 * rng.random::<f64>() > 0.2),
         Likelihood::Poisson => (f.exp() * 2.0 + rng.random::<f64>()).floor(),
         Likelihood::Softmax { classes, .. } => ((f.abs() * 2.0) as usize % classes) as f64,
+        Likelihood::MultiOutput(_) => unreachable!("multi-output gradients are checked in tests/multi_output.rs"),
     }
 }
 

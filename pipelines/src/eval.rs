@@ -10,7 +10,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{ColumnSpec, Table};
 use dualgp_operators::model::dual::objective::named_hyperparameters;
-use dualgp_operators::model::{Data, Likelihood, Metrics, StreamingLearner};
+use dualgp_operators::model::{Data, Likelihood, Metrics, MultiOutput, StreamingLearner};
+use nalgebra::DVector;
 use serde::Serialize;
 
 use crate::model_args::{check_workers, Method, ModelArgs};
@@ -27,9 +28,13 @@ pub struct EvalArgs {
     /// Test on this fold of --data, train on the others.
     #[arg(long)]
     pub fold: Option<i8>,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (`--likelihood gaussian,bernoulli`)
     #[arg(long)]
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output)
+    #[arg(long)]
+    pub latents: Option<usize>,
     #[arg(long, value_enum, default_value = "dual-memory")]
     pub method: Method,
     #[arg(long, default_value_t = 10)]
@@ -65,16 +70,55 @@ pub struct TestScores {
     pub test_accuracy: Option<f64>,
     #[serde(flatten)]
     pub by_task: ByTask,
+    #[serde(flatten)]
+    pub by_output: ByOutput,
 }
 
 impl TestScores {
-    fn new(m: &Metrics, by_task: ByTask) -> Self {
+    fn new(m: &Metrics, by_task: ByTask, by_output: ByOutput) -> Self {
         TestScores {
             test_nlpd: m.nlpd,
             test_rmse: m.rmse,
             test_accuracy: m.accuracy,
             by_task,
+            by_output,
         }
+    }
+}
+
+/// Test metrics of each output of a multi-output model on its own test rows
+/// (keys are the output indices; an output without test rows is left out).
+/// Empty for a single-output model.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ByOutput {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub test_nlpd_by_output: BTreeMap<String, f64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub test_rmse_by_output: BTreeMap<String, f64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub test_accuracy_by_output: BTreeMap<String, f64>,
+}
+
+impl ByOutput {
+    /// From [`evaluate_by_output`](dualgp_operators::model::evaluate_by_output)'s
+    /// entries; nothing for a single-output `likelihood`.
+    fn new(likelihood: &Likelihood, metrics: &[Option<Metrics>]) -> ByOutput {
+        let mut out = ByOutput::default();
+        if !matches!(likelihood, Likelihood::MultiOutput(_)) {
+            return out;
+        }
+        for (d, m) in metrics.iter().enumerate() {
+            let Some(m) = m else { continue };
+            let key = d.to_string();
+            out.test_nlpd_by_output.insert(key.clone(), m.nlpd);
+            if let Some(rmse) = m.rmse {
+                out.test_rmse_by_output.insert(key.clone(), rmse);
+            }
+            if let Some(accuracy) = m.accuracy {
+                out.test_accuracy_by_output.insert(key, accuracy);
+            }
+        }
+        out
     }
 }
 
@@ -115,7 +159,9 @@ pub struct Report {
 
 /// Runs the evaluation and writes the report; `progress` is told after each batch.
 pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Report> {
-    let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood =
+        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let multi = matches!(likelihood, Likelihood::MultiOutput(_));
     let settings = args.model.settings()?;
     check_workers(args.workers)?;
     let order: Order = args.order.parse()?;
@@ -135,7 +181,8 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             split.train.n()
         );
     }
-    let prepared = prepare(&split, &order, args.batches, regression)?;
+    // A multi-output model's targets are standardised output by output (in `datasets`).
+    let prepared = prepare(&split, &order, args.batches, regression && !multi)?;
     let (train, test) = datasets(&prepared, &likelihood)?;
     let tasks = TestTasks::new(split.test.tasks.as_deref(), &test);
     let likelihood = settings.likelihood(likelihood);
@@ -143,7 +190,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
 
     let mut batches = Vec::new();
     let mut total = 0.0;
-    let (final_metrics, final_by_task, hyperparameters) = match args.method {
+    let (final_metrics, final_by_task, final_by_output, hyperparameters) = match args.method {
         streaming @ (Method::DualMemory | Method::Osgpr) => {
             // Both learners share m.
             let first_rows = settings.first_inducing(train.x());
@@ -157,8 +204,9 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 &mut total,
                 &mut progress,
             )?;
-            let by_task = batches.last().map(|b| b.scores.by_task.clone()).unwrap_or_default();
-            (metrics, by_task, learner.hyperparameters())
+            let last = batches.last().map(|b| b.scores.clone());
+            let (by_task, by_output) = last.map(|s| (s.by_task, s.by_output)).unwrap_or_default();
+            (metrics, by_task, by_output, learner.hyperparameters())
         }
         Method::Offline => {
             let started = Instant::now();
@@ -173,16 +221,21 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             };
             let metrics = score(&test)?;
             let by_task = tasks.score(score)?;
+            let by_output = ByOutput::new(
+                &model.likelihood,
+                &dualgp_operators::model::evaluate_by_output(&model.posterior, &model.likelihood, &test)?,
+            );
             batches.push(BatchReport {
                 batch: 1,
                 n_seen: train.n() as u64,
                 seconds: total,
-                scores: TestScores::new(&metrics, by_task.clone()),
+                scores: TestScores::new(&metrics, by_task.clone(), by_output.clone()),
             });
             progress(1, 1);
             (
                 metrics,
                 by_task,
+                by_output,
                 named_hyperparameters(&model.posterior.kernel, &model.likelihood),
             )
         }
@@ -195,7 +248,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         order: order.to_string(),
         batches,
         final_: FinalReport {
-            scores: TestScores::new(&final_metrics, final_by_task),
+            scores: TestScores::new(&final_metrics, final_by_task, final_by_output),
             seconds_total: total,
             hyperparameters: hyperparameters.into_iter().collect(),
         },
@@ -227,11 +280,12 @@ fn stream(
         *total += seconds;
         let metrics = learner.evaluate(test)?;
         let by_task = tasks.score(|t| Ok(learner.evaluate(t)?))?;
+        let by_output = ByOutput::new(learner.likelihood(), &learner.evaluate_by_output(test)?);
         batches.push(BatchReport {
             batch: b + 1,
             n_seen,
             seconds,
-            scores: TestScores::new(&metrics, by_task),
+            scores: TestScores::new(&metrics, by_task, by_output),
         });
         last = Some(metrics);
         progress(b + 1, n_batches);
@@ -248,11 +302,73 @@ fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {
             )
         })
     };
-    let train = Data::new(p.x_train.clone(), p.y_train.clone()).context("training data")?;
-    let test = Data::new(p.x_test.clone(), p.y_test.clone()).context("test data")?;
+    let outputs = |what: &str, given: &Option<Vec<i64>>, n: usize| {
+        output_indices(given.as_deref(), n, likelihood.n_outputs()).map_err(|e| anyhow::anyhow!("{what} data: {e}"))
+    };
+    let (train_outputs, test_outputs) = (
+        outputs("training", &p.train_outputs, p.y_train.len())?,
+        outputs("test", &p.test_outputs, p.y_test.len())?,
+    );
+    let (mut y_train, mut y_test) = (p.y_train.clone(), p.y_test.clone());
+    if let Likelihood::MultiOutput(multi) = likelihood {
+        standardise_by_output(multi, (&mut y_train, &train_outputs), (&mut y_test, &test_outputs));
+    }
+    let train = Data::with_outputs(p.x_train.clone(), y_train, train_outputs).context("training data")?;
+    let test = Data::with_outputs(p.x_test.clone(), y_test, test_outputs).context("test data")?;
     fits("training", &train)?;
     fits("test", &test)?;
     Ok((train, test))
+}
+
+/// The `output` column as indices `0..D`: all 0 without the column; a
+/// negative index or one beyond the `--likelihood` list is one clear error.
+fn output_indices(given: Option<&[i64]>, n: usize, outputs: usize) -> Result<Vec<usize>> {
+    let Some(given) = given else {
+        return Ok(vec![0; n]);
+    };
+    match given.iter().position(|&o| o < 0 || o >= outputs as i64) {
+        Some(row) => bail!(
+            "row {row} has output {} but --likelihood lists {outputs} output(s) (0..{}); give one likelihood per output",
+            given[row],
+            outputs.saturating_sub(1)
+        ),
+        None => Ok(given.iter().map(|&o| o as usize).collect()),
+    }
+}
+
+/// Standardises the targets of each Gaussian or Student-t output with the
+/// training rows' mean and standard deviation of that output (counts and
+/// classes stay as they are), as the single-output protocol does for its
+/// one regression target.
+fn standardise_by_output(
+    multi: &MultiOutput,
+    (train, train_outputs): (&mut DVector<f64>, &[usize]),
+    (test, test_outputs): (&mut DVector<f64>, &[usize]),
+) {
+    for (d, lik) in multi.outputs.iter().enumerate() {
+        if !matches!(lik, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. }) {
+            continue;
+        }
+        let own: Vec<f64> = (0..train.len())
+            .filter(|&i| train_outputs[i] == d)
+            .map(|i| train[i])
+            .collect();
+        if own.is_empty() {
+            continue;
+        }
+        let mean = own.iter().sum::<f64>() / own.len() as f64;
+        let sd = (own.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / own.len() as f64).sqrt();
+        let sd = if sd > 0.0 { sd } else { 1.0 };
+        for (y, &o) in train
+            .iter_mut()
+            .zip(train_outputs)
+            .chain(test.iter_mut().zip(test_outputs))
+        {
+            if o == d {
+                *y = (*y - mean) / sd;
+            }
+        }
+    }
 }
 
 /// The test rows of each task, in task order (none without a `task` column).

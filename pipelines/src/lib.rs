@@ -16,4 +16,5 @@ pub mod replay;
 pub mod report;
 pub mod serve;
 pub mod suggest;
+pub mod toys;
 mod wiring;

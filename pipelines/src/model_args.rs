@@ -611,10 +611,17 @@ impl Settings {
             .then(|| x.rows(0, self.sequential.inducing.min(x.nrows())).into_owned())
     }
 
-    /// The likelihood to learn with: a Gaussian starts at the settings' noise.
+    /// The likelihood to learn with: a Gaussian starts at the settings'
+    /// noise (each Gaussian output of a multi-output model too).
     pub fn likelihood(&self, likelihood: Likelihood) -> Likelihood {
         match likelihood {
             Likelihood::Gaussian { .. } => Likelihood::Gaussian { variance: self.noise },
+            Likelihood::MultiOutput(mut multi) => {
+                for output in &mut multi.outputs {
+                    *output = self.likelihood(output.clone());
+                }
+                Likelihood::MultiOutput(multi)
+            }
             other => other,
         }
     }

@@ -370,6 +370,10 @@ pub struct Prepared {
     pub train_ids: Vec<i64>,
     /// Ids of the rows of `x_test`.
     pub test_ids: Vec<i64>,
+    /// The output each train row observes, when the data has an `output` column.
+    pub train_outputs: Option<Vec<i64>>,
+    /// The output each test row observes, when the test data has an `output` column.
+    pub test_outputs: Option<Vec<i64>>,
     /// Feature names, in column order.
     pub feature_names: Vec<String>,
     /// The scaling that was applied (to map predictions back).
@@ -426,6 +430,8 @@ pub fn prepare(split: &Split, order: &Order, n_batches: usize, standardize_y: bo
         batches,
         train_ids: ordered.ids,
         test_ids: test.ids.clone(),
+        train_outputs: ordered.outputs.clone(),
+        test_outputs: test.outputs.clone(),
         feature_names: train.feature_names.clone(),
         standardizer,
     })

@@ -36,6 +36,7 @@ fn toy() -> Table {
         ids: (100..106).collect(),
         folds: Some(vec![0, 1, 0, 1, 2, 2]),
         tasks: None,
+        outputs: None,
         features: DMatrix::from_fn(6, 2, |i, j| if j == 0 { x0[i] } else { x1[i] }),
         feature_names: vec!["x0".into(), "x1".into()],
         labels: Some(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),

@@ -131,7 +131,7 @@ impl MessageDecoder {
         if self.features.is_none() {
             self.features = Some(names);
         }
-        Ok(Record { id, features, label })
+        Ok(Record::new(id, features, label))
     }
 
     /// This message's feature names: the known ones, or `PREFIX0..` from its keys.
@@ -350,14 +350,7 @@ mod tests {
     fn json_messages_follow_the_serve_contract() {
         let mut d = MessageDecoder::new(&ColumnMapping::default().with_classes(2), MessageFormat::Auto);
         let (r, _) = decode(&mut d, br#"{"id": 7, "x1": 2.5, "x0": -1, "y": 1}"#);
-        assert_eq!(
-            r,
-            [Record {
-                id: 7,
-                features: vec![-1.0, 2.5],
-                label: Some(1.0)
-            }]
-        );
+        assert_eq!(r, [Record::new(7, vec![-1.0, 2.5], Some(1.0))]);
         assert_eq!(d.feature_names().unwrap(), ["x0", "x1"]);
         // No y: only scored.
         let (r, _) = decode(&mut d, br#"{"id": 8, "x0": 0, "x1": 0, "y": null}"#);

@@ -49,8 +49,9 @@ impl Scorer {
     fn score(&self, records: &[&Record], features: usize) -> Vec<(Predictive, Option<f64>)> {
         let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
         let scored = |likelihood: &Likelihood, i: usize, mean: &[f64], var: &[f64]| {
-            let density = records[i].label.map(|y| likelihood.log_predictive(mean, var, y));
-            (likelihood.predict(mean, var), density)
+            let d = records[i].output;
+            let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
+            (likelihood.predict_of(d, mean, var), density)
         };
         let mut out = Vec::with_capacity(records.len());
         match &self.model {
@@ -338,7 +339,8 @@ fn shard_of(partition: Partition, epochs: BTreeMap<u64, Vec<Record>>, features: 
         .collect();
     let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].1.features[j]);
     let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
-    let data = Data::new(x, y).expect("checked on arrival");
+    let outputs = records.iter().map(|(_, r)| r.output).collect();
+    let data = Data::with_outputs(x, y, outputs).expect("checked on arrival");
     Shard::of_points(partition, &ids, data)
 }
 
@@ -353,8 +355,36 @@ fn check(record: &Record, features: usize, likelihood: &Likelihood) -> Result<()
     if let Some(j) = record.features.iter().position(|v| !v.is_finite()) {
         return Err(format!("feature {j} is {}", record.features[j]));
     }
+    let d = record.output;
+    if d >= likelihood.n_outputs() {
+        return Err(format!(
+            "output {d} is outside 0..{n} (the model has {n} outputs, one per --likelihood entry)",
+            n = likelihood.n_outputs()
+        ));
+    }
     match record.label {
-        Some(y) => likelihood.check_label(0, y).map_err(|e| e.to_string()),
+        Some(y) => likelihood.check_label_of(0, d, y).map_err(|e| e.to_string()),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of an output the model lacks, or with a label outside its
+    /// output's likelihood, is refused with the reason (a dead letter).
+    #[test]
+    fn a_record_of_an_output_the_model_lacks_is_refused_with_the_reason() {
+        let lik = Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap();
+        let record = |output: usize, y: f64| Record::new(1, vec![0.5], Some(y)).with_output(output);
+        assert_eq!(check(&record(1, 1.0), 1, &lik), Ok(()));
+        assert_eq!(check(&record(0, 0.3), 1, &lik), Ok(()));
+        let beyond = check(&record(2, 1.0), 1, &lik).unwrap_err();
+        assert!(beyond.contains("output 2 is outside 0..2"), "{beyond}");
+        let label = check(&record(1, 0.3), 1, &lik).unwrap_err();
+        assert!(label.contains("0.3"), "{label}");
+        let single = Likelihood::Gaussian { variance: 1.0 };
+        assert!(check(&record(1, 0.3), 1, &single).is_err());
     }
 }

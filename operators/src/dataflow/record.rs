@@ -12,11 +12,26 @@ pub struct Record {
     pub features: Vec<f64>,
     /// `None`: score only, nothing to learn from.
     pub label: Option<f64>,
+    /// The output the record observes (and is scored on): 0 for a
+    /// single-output model.
+    #[serde(default)]
+    pub output: usize,
 }
 
 impl Record {
     pub fn new(id: i64, features: Vec<f64>, label: Option<f64>) -> Self {
-        Record { id, features, label }
+        Record {
+            id,
+            features,
+            label,
+            output: 0,
+        }
+    }
+
+    /// The record as an observation of output `d`.
+    pub fn with_output(mut self, d: usize) -> Self {
+        self.output = d;
+        self
     }
 }
 

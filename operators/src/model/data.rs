@@ -1,16 +1,21 @@
-//! A validated set of records: finite inputs and finite targets.
+//! A validated set of records: finite inputs and finite targets, each record
+//! observing one output of the model (always output 0 for a single-output model).
 
 use nalgebra::{DMatrix, DVector};
 
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
 
-/// Inputs `x` (`n × d`, one record per row) and targets `y`. Construction
-/// refuses non-finite values, so every `Data` is safe to learn from.
+/// Inputs `x` (`n × d`, one record per row), targets `y` and the output each
+/// record observes. Construction refuses non-finite values, so every `Data`
+/// is safe to learn from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Data {
     x: DMatrix<f64>,
     y: DVector<f64>,
+    /// Output index per record; every record observes output 0 when empty
+    /// (a single-output stream pays nothing for the column it lacks).
+    outputs: Vec<usize>,
 }
 
 impl Data {
@@ -36,7 +41,28 @@ impl Data {
                 what: "label".into(),
             });
         }
-        Ok(Data { x, y })
+        Ok(Data {
+            x,
+            y,
+            outputs: Vec::new(),
+        })
+    }
+
+    /// Records that each observe one output of a multi-output model. Whether
+    /// every index is below the model's output count is [`check`](Self::check)'s part.
+    pub fn with_outputs(x: DMatrix<f64>, y: DVector<f64>, outputs: Vec<usize>) -> Result<Self> {
+        if outputs.len() != y.len() {
+            return Err(ModelError::Dimension {
+                what: "output indices".into(),
+                expected: y.len(),
+                got: outputs.len(),
+            });
+        }
+        let mut data = Data::new(x, y)?;
+        if outputs.iter().any(|&o| o != 0) {
+            data.outputs = outputs;
+        }
+        Ok(data)
     }
 
     /// Records given as rows of features.
@@ -61,6 +87,16 @@ impl Data {
         &self.y
     }
 
+    /// The output record `i` observes.
+    pub fn output(&self, i: usize) -> usize {
+        self.outputs.get(i).copied().unwrap_or(0)
+    }
+
+    /// Whether some record observes an output other than 0.
+    pub fn has_outputs(&self) -> bool {
+        !self.outputs.is_empty()
+    }
+
     pub fn n(&self) -> usize {
         self.x.nrows()
     }
@@ -74,10 +110,16 @@ impl Data {
         Data {
             x: self.x.select_rows(rows),
             y: self.y.select_rows(rows),
+            outputs: if self.outputs.is_empty() {
+                Vec::new()
+            } else {
+                rows.iter().map(|&r| self.outputs[r]).collect()
+            },
         }
     }
 
-    /// Checks the input dimension and that every label is in the likelihood's support.
+    /// Checks the input dimension, that every record's output is one of the
+    /// likelihood's and that every label is in that output's support.
     pub fn check(&self, d: usize, likelihood: &Likelihood) -> Result<()> {
         if self.d() != d {
             return Err(ModelError::Dimension {
@@ -89,6 +131,6 @@ impl Data {
         self.y
             .iter()
             .enumerate()
-            .try_for_each(|(row, &y)| likelihood.check_label(row, y))
+            .try_for_each(|(row, &y)| likelihood.check_label_of(row, self.output(row), y))
     }
 }

@@ -10,6 +10,9 @@ pub enum ModelError {
     Dimension { what: String, expected: usize, got: usize },
     #[error("row {row}: label {label} {reason}")]
     InvalidLabel { row: usize, label: f64, reason: String },
+    /// A record observes an output the model does not have.
+    #[error("row {row}: output {output} is outside 0..{outputs} (the model has {outputs} outputs, one per --likelihood entry)")]
+    InvalidOutput { row: usize, output: usize, outputs: usize },
     #[error("Cholesky factorisation failed even with jitter {jitter:e}: {what}")]
     Cholesky { what: String, jitter: f64 },
     #[error("invalid configuration: {0}")]

@@ -10,7 +10,7 @@ use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Likelihood, Predictive};
 use crate::model::math::kernel::Kernel;
-use crate::model::predict::{evaluate, predict, Metrics};
+use crate::model::predict::{evaluate, evaluate_by_output, predict, Metrics};
 
 /// What one update did: figures every learner has, and its own by name.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +75,11 @@ pub trait StreamingLearner {
     /// Test metrics on `data`.
     fn evaluate(&self, data: &Data) -> Result<Metrics> {
         evaluate(self.fitted()?, self.likelihood(), data)
+    }
+
+    /// Test metrics of each output on its own records (`None`: no record of it).
+    fn evaluate_by_output(&self, data: &Data) -> Result<Vec<Option<Metrics>>> {
+        evaluate_by_output(self.fitted()?, self.likelihood(), data)
     }
 
     /// Kernel then likelihood hyperparameters by name, on their natural scale.

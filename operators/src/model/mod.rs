@@ -15,6 +15,7 @@ pub mod fantasy;
 pub mod learner;
 pub mod likelihood;
 pub mod math;
+pub mod multi;
 pub mod predict;
 
 pub use baselines::offline::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
@@ -36,4 +37,5 @@ pub use likelihood::{Likelihood, Link, Predictive};
 pub use math::inducing::Pivot;
 pub use math::kernel::{Family, Kernel};
 pub use math::optim::Optimizer;
-pub use predict::{evaluate, predict, Metrics};
+pub use multi::MultiOutput;
+pub use predict::{evaluate, evaluate_by_output, predict, predict_outputs, Metrics};

@@ -877,6 +877,11 @@ pub struct OsgprLearner {
 impl OsgprLearner {
     pub fn new(kernel: Kernel, likelihood: Likelihood, config: OsgprConfig) -> Result<Self> {
         config.validate()?;
+        if likelihood.n_outputs() > 1 {
+            return Err(ModelError::Config(
+                "osgpr learns one output; use --method dual-memory or offline for several".into(),
+            ));
+        }
         Ok(OsgprLearner {
             config,
             likelihood,

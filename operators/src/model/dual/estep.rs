@@ -370,7 +370,7 @@ pub fn site_update(
     let mut expected = 0.0;
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
-        likelihood.expectation(mean, var, data.y()[i], &mut e);
+        likelihood.expectation_of(data.output(i), mean, var, data.y()[i], &mut e);
         expected += match anchored {
             Some(a) if i >= a.from => a.expected(i, e.value, mean, var),
             _ => e.value,

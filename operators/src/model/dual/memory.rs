@@ -48,6 +48,9 @@ pub struct MemoryPoint {
     pub id: PointId,
     pub x: Vec<f64>,
     pub y: f64,
+    /// The output it observes (0 for a single-output model).
+    #[serde(default)]
+    pub output: usize,
     /// The kernel column `k(Z, x)` its sites were added with, projected by every move of `Z` since.
     pub column: DVector<f64>,
     pub s1: Vec<f64>,
@@ -93,7 +96,8 @@ impl Memory {
     pub fn data(&self, d: usize) -> Data {
         let x = DMatrix::from_fn(self.len(), d, |i, j| self.points[i].x[j]);
         let y = DVector::from_iterator(self.len(), self.points.iter().map(|p| p.y));
-        Data::new(x, y).expect("remembered points were validated when they arrived")
+        let outputs = self.points.iter().map(|p| p.output).collect();
+        Data::with_outputs(x, y, outputs).expect("remembered points were validated when they arrived")
     }
 
     /// The part of `post`'s totals that the memory contributes, whitened by
@@ -131,7 +135,7 @@ pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, d
     let mut e = Expectation::default();
     let mut scores = Vec::with_capacity(data.n());
     f.for_each_point(|i, mean, var| {
-        likelihood.expectation(mean, var, data.y()[i], &mut e);
+        likelihood.expectation_of(data.output(i), mean, var, data.y()[i], &mut e);
         scores.push(e.beta.iter().zip(var).map(|(b, v)| b.max(BETA_MIN) * v).sum());
     });
     scores

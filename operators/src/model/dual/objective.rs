@@ -35,9 +35,10 @@ pub fn hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> DVector<f64>
 
 /// Kernel then likelihood hyperparameters by name, on their natural scale.
 pub fn named_hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> Vec<(String, f64)> {
-    let names = kernel.param_names().into_iter().chain(likelihood.param_names());
-    let values = kernel.log_params().into_iter().chain(likelihood.log_params());
-    names.zip(values.map(f64::exp)).collect()
+    let kernel_values = kernel.log_params().into_iter().map(f64::exp);
+    let mut named: Vec<(String, f64)> = kernel.param_names().into_iter().zip(kernel_values).collect();
+    named.extend(likelihood.named_params());
+    named
 }
 
 /// Sets the hyperparameters from the vector [`hyperparameters`] returns.
@@ -143,7 +144,7 @@ impl DataTerms {
         let mut d_var = DMatrix::zeros(n, n_latent);
         let mut e = Expectation::default();
         marginals.for_each_point(|i, mean, var| {
-            likelihood.expectation(mean, var, data.y()[i], &mut e);
+            likelihood.expectation_of(data.output(i), mean, var, data.y()[i], &mut e);
             let ci = weight(i);
             terms.value += ci * e.value;
             for c in 0..n_latent {

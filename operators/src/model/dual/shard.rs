@@ -566,7 +566,10 @@ impl Block {
         let cross = columns.cross.select(&memory);
         let mut e = Expectation::default();
         post.marginals(&cross).for_each_point(|k, mean, var| {
-            model.likelihood.expectation(mean, var, points.y()[n_batch + k], &mut e);
+            let i = n_batch + k;
+            model
+                .likelihood
+                .expectation_of(points.output(i), mean, var, points.y()[i], &mut e);
             let a = cross.a.column(k).into_owned();
             for (c, d) in drift.iter_mut().enumerate() {
                 let first_pull = self.first.s1[(k, c)] - self.first.s2[(k, c)] * mean[c];
@@ -601,16 +604,21 @@ impl Block {
         self.points = (n > 0).then(|| {
             let mut x = DMatrix::zeros(n, d);
             let mut y = DVector::zeros(n);
+            let mut outputs = vec![0; n];
             if let Some(batch) = &self.batch {
                 x.rows_mut(0, batch.n()).copy_from(batch.x());
                 y.rows_mut(0, batch.n()).copy_from(batch.y());
+                for (i, o) in outputs.iter_mut().take(batch.n()).enumerate() {
+                    *o = batch.output(i);
+                }
             }
             for (k, p) in self.memory.iter().enumerate() {
                 let i = self.n_batch() + k;
                 x.row_mut(i).copy_from_slice(&p.x);
                 y[i] = p.y;
+                outputs[i] = p.output;
             }
-            Data::new(x, y).expect("records and memory points were validated")
+            Data::with_outputs(x, y, outputs).expect("records and memory points were validated")
         });
         self.columns = self.points.as_ref().map(|p| Columns::under(&model.posterior, p.x()));
         let n_latent = model.posterior.n_latent();
@@ -668,6 +676,7 @@ impl Block {
                         id: *id,
                         x: row(batch.x(), i),
                         y: batch.y()[i],
+                        output: batch.output(i),
                         column: cross.kzx.column(i).into_owned(),
                         s1: row(&self.sites.s1, i),
                         s2: row(&self.sites.s2, i),

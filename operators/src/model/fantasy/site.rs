@@ -109,5 +109,7 @@ fn sample_label(likelihood: &Likelihood, mean: f64, var: f64, rng: &mut impl Rng
         Likelihood::Poisson => Poisson::new(f.exp()).map_or(0.0, |d| d.sample(rng)),
         // Not reached: classes are drawn from their probabilities.
         Likelihood::Bernoulli { .. } | Likelihood::Softmax { .. } => f,
+        // Not reached: `dualgp suggest` takes one output's likelihood.
+        Likelihood::MultiOutput(_) => f,
     }
 }

@@ -18,6 +18,7 @@ mod student_t;
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
+use crate::model::multi::MultiOutput;
 use softmax::Softmax;
 use student_t::StudentT;
 
@@ -48,6 +49,9 @@ pub enum Likelihood {
         samples: usize,
         seed: u64,
     },
+    /// Several outputs over shared latents (see [`MultiOutput`]); a record
+    /// observes one output, named by its index.
+    MultiOutput(Box<MultiOutput>),
 }
 
 /// `E_q[log p(y|f)]` and its derivatives at one point.
@@ -86,13 +90,34 @@ impl Likelihood {
     pub fn n_latent(&self) -> usize {
         match *self {
             Likelihood::Softmax { classes, .. } => classes,
+            Likelihood::MultiOutput(ref m) => m.n_latent(),
             _ => 1,
+        }
+    }
+
+    /// Number of outputs a record may observe (`D` of a multi-output model, else 1).
+    pub fn n_outputs(&self) -> usize {
+        match self {
+            Likelihood::MultiOutput(m) => m.n_outputs(),
+            _ => 1,
+        }
+    }
+
+    /// The likelihood of output `d`: that output's own, or `self` for a
+    /// single-output model.
+    pub fn of_output(&self, d: usize) -> &Likelihood {
+        match self {
+            Likelihood::MultiOutput(m) => m.outputs.get(d).unwrap_or(self),
+            _ => self,
         }
     }
 
     /// Whether the sites are exact in one undamped E-step, whatever the posterior (Gaussian).
     pub fn is_conjugate(&self) -> bool {
-        matches!(self, Likelihood::Gaussian { .. })
+        match self {
+            Likelihood::MultiOutput(m) => m.is_conjugate(),
+            _ => matches!(self, Likelihood::Gaussian { .. }),
+        }
     }
 
     /// A conjugate likelihood's site of `y`, `(y/σ², 1/σ²)`: what one
@@ -108,15 +133,19 @@ impl Likelihood {
         match self {
             Likelihood::Gaussian { .. } => 1,
             Likelihood::StudentT { .. } => 2,
+            Likelihood::MultiOutput(m) => m.n_params(),
             _ => 0,
         }
     }
 
-    /// Gaussian `[log σ²]`, Student-t `[log df, log scale]`, others none.
+    /// The optimiser's coordinates: Gaussian `[log σ²]`, Student-t
+    /// `[log df, log scale]`, a multi-output model its outputs' then its
+    /// loadings (not logs: see [`MultiOutput::log_params`]), others none.
     pub fn log_params(&self) -> Vec<f64> {
         match *self {
             Likelihood::Gaussian { variance } => vec![variance.ln()],
             Likelihood::StudentT { df, scale } => vec![df.ln(), scale.ln()],
+            Likelihood::MultiOutput(ref m) => m.log_params(),
             _ => Vec::new(),
         }
     }
@@ -129,6 +158,7 @@ impl Likelihood {
                 *df = p[0].exp();
                 *scale = p[1].exp();
             }
+            Likelihood::MultiOutput(m) => m.set_log_params(p),
             _ => {}
         }
     }
@@ -137,7 +167,37 @@ impl Likelihood {
         match self {
             Likelihood::Gaussian { .. } => vec!["gaussian.variance".into()],
             Likelihood::StudentT { .. } => vec!["student-t.df".into(), "student-t.scale".into()],
+            Likelihood::MultiOutput(m) => m.named_params().into_iter().map(|(n, _)| n).collect(),
             _ => Vec::new(),
+        }
+    }
+
+    /// Parameters by name on their natural scale.
+    pub fn named_params(&self) -> Vec<(String, f64)> {
+        match self {
+            Likelihood::MultiOutput(m) => m.named_params(),
+            _ => self
+                .param_names()
+                .into_iter()
+                .zip(self.log_params().into_iter().map(f64::exp))
+                .collect(),
+        }
+    }
+
+    /// One likelihood per output (`"gaussian,bernoulli"`) over `latents`
+    /// latents: a single entry without `latents` (or with 1) is that
+    /// likelihood itself, the single-output model.
+    pub fn parse_outputs(s: &str, latents: Option<usize>) -> Result<Likelihood> {
+        let outputs = s.split(',').map(Likelihood::parse).collect::<Result<Vec<_>>>()?;
+        if latents == Some(0) {
+            return Err(ModelError::Config("--latents must be at least 1".into()));
+        }
+        match (outputs.len(), latents) {
+            (1, None | Some(1)) => Ok(outputs.into_iter().next().expect("one entry")),
+            (d, q) => Ok(Likelihood::MultiOutput(Box::new(MultiOutput::new(
+                outputs,
+                q.unwrap_or(d),
+            )?))),
         }
     }
 
@@ -151,6 +211,7 @@ impl Likelihood {
             Likelihood::Poisson => "poisson".into(),
             Likelihood::StudentT { .. } => "student-t".into(),
             Likelihood::Softmax { classes, .. } => format!("softmax:{classes}"),
+            Likelihood::MultiOutput(ref m) => m.name(),
         }
     }
 
@@ -194,6 +255,7 @@ impl Likelihood {
         }
         let is_count = y >= 0.0 && y.fract() == 0.0;
         let reason = match *self {
+            Likelihood::MultiOutput(ref m) => return m.check_label(row, 0, y),
             Likelihood::Bernoulli { .. } if y != 0.0 && y != 1.0 => "is not 0 or 1".to_string(),
             Likelihood::Poisson if !is_count => "is not a non-negative integer count".to_string(),
             Likelihood::Softmax { classes, .. } if !is_count || y >= classes as f64 => {
@@ -202,6 +264,45 @@ impl Likelihood {
             _ => return Ok(()),
         };
         Err(ModelError::InvalidLabel { row, label: y, reason })
+    }
+
+    /// [`check_label`](Self::check_label) of a record that observes output
+    /// `d`: an index the model does not have is an error too.
+    pub fn check_label_of(&self, row: usize, d: usize, y: f64) -> Result<()> {
+        match self {
+            Likelihood::MultiOutput(m) => m.check_label(row, d, y),
+            _ if d != 0 => Err(ModelError::InvalidOutput {
+                row,
+                output: d,
+                outputs: 1,
+            }),
+            _ => self.check_label(row, y),
+        }
+    }
+
+    /// [`expectation`](Self::expectation) of a record that observes output
+    /// `d` (checked by [`check_label_of`](Self::check_label_of)).
+    pub fn expectation_of(&self, d: usize, mean: &[f64], var: &[f64], y: f64, out: &mut Expectation) {
+        match self {
+            Likelihood::MultiOutput(m) => m.expectation(d, mean, var, y, out),
+            _ => self.expectation(mean, var, y, out),
+        }
+    }
+
+    /// [`log_predictive`](Self::log_predictive) of output `d`.
+    pub fn log_predictive_of(&self, d: usize, mean: &[f64], var: &[f64], y: f64) -> f64 {
+        match self {
+            Likelihood::MultiOutput(m) => m.log_predictive(d, mean, var, y),
+            _ => self.log_predictive(mean, var, y),
+        }
+    }
+
+    /// [`predict`](Self::predict) of output `d`.
+    pub fn predict_of(&self, d: usize, mean: &[f64], var: &[f64]) -> Predictive {
+        match self {
+            Likelihood::MultiOutput(m) => m.predict(d, mean, var),
+            _ => self.predict(mean, var),
+        }
     }
 
     /// Fills `out` (resized to `n_latent()` / `n_params()`) with `E_q[log p(y|f)]`
@@ -232,6 +333,10 @@ impl Likelihood {
                 Softmax::new(classes, samples, seed).expectation(mean, var, y, out);
                 return;
             }
+            Likelihood::MultiOutput(ref m) => {
+                m.expectation(0, mean, var, y, out);
+                return;
+            }
         };
         out.value = value;
         out.d_mean[0] = d_mean;
@@ -250,6 +355,7 @@ impl Likelihood {
             Likelihood::Softmax { classes, samples, seed } => {
                 Softmax::new(classes, samples, seed).log_predictive(mean, var, y)
             }
+            Likelihood::MultiOutput(ref m) => m.log_predictive(0, mean, var, y),
         }
     }
 
@@ -287,6 +393,7 @@ impl Likelihood {
             Likelihood::Softmax { classes, samples, seed } => {
                 Predictive::Classes(Softmax::new(classes, samples, seed).predict(mean, var))
             }
+            Likelihood::MultiOutput(ref m) => m.predict(0, mean, var),
         }
     }
 }
