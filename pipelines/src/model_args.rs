@@ -187,7 +187,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub m_optimizer: Option<OptimizerName>,
     /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100;
-    /// var-gp: L-BFGS iterations on the first task, default 20, 0 keeps the starting θ).
+    /// var-gp: L-BFGS iterations fitting θ on the first task, default 0: θ stays the starting kernel's).
     #[arg(long)]
     pub m_steps: Option<usize>,
     /// Adam's learning rate.
@@ -473,17 +473,20 @@ impl ModelArgs {
         Ok(s)
     }
 
-    /// VAR-GP takes `m` (a task), the pivot and the step flags; `θ` is fitted
-    /// on the first task unless `--m-steps 0` (or `--m-rounds 0`).
+    /// VAR-GP takes `m` (a task) and the step flags; its pivot is its own
+    /// (trace) unless `--inducing-pivot` is given; `θ` is held at the
+    /// starting kernel unless `--m-steps N` fits it on the first task
+    /// (`--m-rounds` rounds, default 1).
     fn var_gp_config(&self, q: &SequentialConfig) -> Result<VarGpConfig> {
         let defaults = VarGpConfig::default();
-        let VarGpTheta::FirstTask { rounds, m_steps } = defaults.theta else {
-            unreachable!("VAR-GP's default fits θ on the first task")
-        };
-        let (rounds, m_steps) = (self.m_rounds.unwrap_or(rounds), self.m_steps.unwrap_or(m_steps));
+        let (rounds, m_steps) = (self.m_rounds.unwrap_or(1), self.m_steps.unwrap_or(0));
         let config = VarGpConfig {
             inducing: q.inducing,
-            pivot: q.pivot,
+            pivot: if self.inducing_pivot.is_some() {
+                q.pivot
+            } else {
+                defaults.pivot
+            },
             e_step: EStepConfig {
                 steps: self.e_steps.unwrap_or(defaults.e_step.steps),
                 rho: self.e_lr.unwrap_or(defaults.e_step.rho),
