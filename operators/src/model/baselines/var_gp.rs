@@ -368,6 +368,14 @@ impl StreamingLearner for VarGpLearner {
     field_accessors!();
 }
 
+/// A task's bound and its gradients in the block's `q(v_t)`, per latent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskBound {
+    pub value: f64,
+    pub grad_mean: Vec<DVector<f64>>,
+    pub grad_cov: Vec<DMatrix<f64>>,
+}
+
 /// Task `t`'s bound `Σ_i E_q[log p(y_i|f_i)] − KL[q(v_t) ‖ N(0, I)]` (seed
 /// Eq. 8 at fixed `θ`, whitened) at `q(v_t) = N(mean[c], cov[c])` per latent
 /// for the block from row `from` of `post`, the earlier blocks as `post` holds
@@ -380,7 +388,7 @@ pub fn task_bound(
     data: &Data,
     mean: &[DVector<f64>],
     cov: &[DMatrix<f64>],
-) -> Result<(f64, Vec<DVector<f64>>, Vec<DMatrix<f64>>)> {
+) -> Result<TaskBound> {
     let m_t = post.m() - from;
     if mean.len() != post.n_latent() || cov.len() != post.n_latent() {
         return Err(ModelError::Dimension {
@@ -423,5 +431,9 @@ pub fn task_bound(
             grad_cov[c].ger(e.d_var[c], &ai, &ai, 1.0);
         }
     }
-    Ok((value, grad_mean, grad_cov))
+    Ok(TaskBound {
+        value,
+        grad_mean,
+        grad_cov,
+    })
 }
