@@ -56,6 +56,9 @@ pub struct BatchReport {
     pub batch: usize,
     pub n_seen: u64,
     pub seconds: f64,
+    /// Inducing inputs after the batch (VAR-GP's grow by `--inducing` a task).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inducing: Option<usize>,
     #[serde(flatten)]
     pub scores: TestScores,
 }
@@ -191,8 +194,8 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     let mut batches = Vec::new();
     let mut total = 0.0;
     let (final_metrics, final_by_task, final_by_output, hyperparameters) = match args.method {
-        streaming @ (Method::DualMemory | Method::Osgpr) => {
-            // Both learners share m.
+        streaming @ (Method::DualMemory | Method::Osgpr | Method::VarGp) => {
+            // The learners share m (VAR-GP: m a task).
             let first_rows = settings.first_inducing(train.x());
             let mut learner = settings.streaming_learner(streaming, kernel, likelihood.clone(), first_rows)?;
             let metrics = stream(
@@ -229,6 +232,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 batch: 1,
                 n_seen: train.n() as u64,
                 seconds: total,
+                inducing: Some(model.posterior.m()),
                 scores: TestScores::new(&metrics, by_task.clone(), by_output.clone()),
             });
             progress(1, 1);
@@ -285,6 +289,7 @@ fn stream(
             batch: b + 1,
             n_seen,
             seconds,
+            inducing: learner.posterior().map(|p| p.m()),
             scores: TestScores::new(&metrics, by_task, by_output),
         });
         last = Some(metrics);

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
     fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
     OfflineConfig, OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot,
-    SequentialConfig, SequentialLearner, StreamingLearner,
+    SequentialConfig, SequentialLearner, StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta,
 };
 use nalgebra::DMatrix;
 use serde::Deserialize;
@@ -25,6 +25,9 @@ pub enum Method {
     DualMemory,
     /// Bui et al.'s streaming sparse GP (2017).
     Osgpr,
+    /// Kapoor et al.'s variational auto-regressive GP (2021): `--inducing`
+    /// new inducing inputs a batch (a task), the earlier ones frozen.
+    VarGp,
     /// All training data at once (t-SVGP): the gold standard, not a streaming learner.
     Offline,
 }
@@ -34,6 +37,7 @@ impl Method {
         match self {
             Method::DualMemory => "dual-memory",
             Method::Osgpr => "osgpr",
+            Method::VarGp => "var-gp",
             Method::Offline => "offline",
         }
     }
@@ -199,16 +203,18 @@ pub struct ModelArgs {
     /// memory shows in the frozen sites.
     #[arg(long)]
     pub memory_share: Option<MemoryShareName>,
-    /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50).
+    /// E-step iterations (osgpr: at most this many natural-gradient steps for a non-Gaussian q(b), default 50;
+    /// var-gp: at most this many for each task's block, default 50).
     #[arg(long)]
     pub e_steps: Option<usize>,
-    /// E-step damping ρ (osgpr default 1).
+    /// E-step damping ρ (osgpr and var-gp default 1).
     #[arg(long)]
     pub e_lr: Option<f64>,
     /// The M-step's optimiser (dual-memory).
     #[arg(long)]
     pub m_optimizer: Option<OptimizerName>,
-    /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100).
+    /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100;
+    /// var-gp: L-BFGS iterations fitting θ on the first task, default 0: θ stays the starting kernel's).
     #[arg(long)]
     pub m_steps: Option<usize>,
     /// Adam's learning rate.
@@ -253,6 +259,9 @@ pub struct Settings {
     /// `--method osgpr`: `--m-steps` are L-BFGS iterations, `--e-steps` and
     /// `--e-lr` bound the natural-gradient steps for a non-Gaussian `q(b)`.
     pub osgpr: OsgprConfig,
+    /// `--method var-gp`: `--inducing` a task, `--e-steps`/`--e-lr` each
+    /// task's E-step, `--m-steps`/`--m-rounds` the first task's fit of `θ`.
+    pub var_gp: VarGpConfig,
     /// The reference keeps `Z` at the first `m` train rows.
     pub z_first_rows: bool,
     /// The stationary part's starting variance and lengthscale; `None`:
@@ -330,6 +339,7 @@ impl ModelArgs {
                     ..SequentialConfig::default()
                 },
                 osgpr: OsgprConfig::default(),
+                var_gp: VarGpConfig::default(),
                 z_first_rows: true,
                 kernel_variance: 1.0,
                 lengthscale: Some(1.0),
@@ -372,6 +382,7 @@ impl ModelArgs {
                     seed: self.seed.unwrap_or(0),
                 },
                 osgpr: OsgprConfig::default(),
+                var_gp: VarGpConfig::default(),
                 z_first_rows: false,
                 kernel_variance: 1.0,
                 lengthscale: None,
@@ -507,7 +518,39 @@ impl ModelArgs {
         q.validate()
             .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
         s.osgpr = self.osgpr_config(&s.sequential)?;
+        s.var_gp = self.var_gp_config(&s.sequential)?;
         Ok(s)
+    }
+
+    /// VAR-GP takes `m` (a task) and the step flags; its pivot is its own
+    /// (trace) unless `--inducing-pivot` is given; `θ` is held at the
+    /// starting kernel unless `--m-steps N` fits it on the first task
+    /// (`--m-rounds` rounds, default 1).
+    fn var_gp_config(&self, q: &SequentialConfig) -> Result<VarGpConfig> {
+        let defaults = VarGpConfig::default();
+        let (rounds, m_steps) = (self.m_rounds.unwrap_or(1), self.m_steps.unwrap_or(0));
+        let config = VarGpConfig {
+            inducing: q.inducing,
+            pivot: if self.inducing_pivot.is_some() {
+                q.pivot
+            } else {
+                defaults.pivot
+            },
+            e_step: EStepConfig {
+                steps: self.e_steps.unwrap_or(defaults.e_step.steps),
+                rho: self.e_lr.unwrap_or(defaults.e_step.rho),
+            },
+            theta: if rounds == 0 || m_steps == 0 {
+                VarGpTheta::Fixed
+            } else {
+                VarGpTheta::FirstTask { rounds, m_steps }
+            },
+            ..defaults
+        };
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--method var-gp: {e}; change --e-steps or --e-lr"))?;
+        Ok(config)
     }
 
     /// Bui et al.'s learner shares `m`, the inducing policy and the seed with
@@ -582,6 +625,12 @@ impl Settings {
                     Some(z) => learner.with_inducing(z)?,
                     None => learner,
                 })
+            }
+            Method::VarGp => {
+                if z.is_some() {
+                    bail!("--method var-gp chooses each task's inducing inputs: drop --preset reference or --inducing-policy fixed");
+                }
+                Box::new(VarGpLearner::new(kernel, likelihood, self.var_gp.clone())?)
             }
             Method::Offline => bail!("--method offline learns all data at once, not a stream"),
         })
