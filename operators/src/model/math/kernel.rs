@@ -540,12 +540,26 @@ fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
     let (a_norms, b_norms) = (row_sq_norms(a), row_sq_norms(b));
     let mut r2 = DMatrix::zeros(a.nrows(), b.nrows());
     r2.gemm(-2.0, a, &transposed(b), 0.0);
-    for (j, col) in r2.column_iter_mut().enumerate() {
-        for (i, r) in col.into_iter().enumerate() {
-            let norms = a_norms[i] + b_norms[j];
+    // A branch-free pass (it vectorises: at d = 8 this loop, not the GEMM,
+    // was the distances' time), then the rare near pairs again, directly.
+    let rows = a.nrows();
+    let mut near = Vec::new();
+    for (j, col) in r2.as_mut_slice().chunks_mut(rows.max(1)).enumerate() {
+        let mut any = false;
+        for ((r, &a_norm), b_norm) in col.iter_mut().zip(a_norms.iter()).zip(std::iter::repeat(b_norms[j])) {
+            let norms = a_norm + b_norm;
             *r += norms;
-            if *r <= NEAR * norms {
-                *r = (a.row(i) - b.row(j)).norm_squared();
+            any |= *r <= NEAR * norms;
+        }
+        if any {
+            near.push(j);
+        }
+    }
+    for j in near {
+        for i in 0..rows {
+            let norms = a_norms[i] + b_norms[j];
+            if r2[(i, j)] <= NEAR * norms {
+                r2[(i, j)] = (a.row(i) - b.row(j)).norm_squared();
             }
         }
     }
