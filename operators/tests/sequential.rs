@@ -470,18 +470,25 @@ fn a_relearning_m_step_reaches_a_stationary_point_of_the_collapsed_bound() {
     assert_at_stationary_point(&learner, |t| collapsed_bound(&data, &z, t, jitter));
 }
 
-#[test]
-fn with_past_data_as_its_message_the_m_step_reaches_the_online_collapsed_bound() {
-    // A first batch learned under θ₀ = START leaves its exact message about u;
-    // the second batch's M-step, holding that message, must climb the
-    // collapsed bound in which the first batch stands as pseudo-observations
-    // of u (Bui et al. 2017), built here with dense algebra.
+/// A first batch learned under θ₀ = START in message mode, and the learner
+/// set for a 100-iteration M-step on the second: (learner, first, second, Z).
+fn first_batch_as_a_message() -> (SequentialLearner, Data, Data, DMatrix<f64>) {
     let data = wave(300, 17);
     let (first, second) = (rows(&data, 0..150), rows(&data, 150..300));
     let z = first.x().rows(0, 40).into_owned();
     let mut learner = relearning(&z, 0, PastInMStep::Message);
     learner.update(&first).unwrap();
     learner.config.m_steps = 100;
+    (learner, first, second, z)
+}
+
+#[test]
+fn with_past_data_as_its_message_the_m_step_reaches_the_online_collapsed_bound() {
+    // A first batch learned under θ₀ = START leaves its exact message about u;
+    // the second batch's M-step, holding that message, must climb the
+    // collapsed bound in which the first batch stands as pseudo-observations
+    // of u (Bui et al. 2017), built here with dense algebra.
+    let (mut learner, first, second, z) = first_batch_as_a_message();
     learner.update(&second).unwrap();
     let jitter = relative_jitter(&learner);
     assert_at_stationary_point(&learner, |t| {
@@ -494,12 +501,7 @@ fn an_m_step_on_a_sample_climbs_the_bound_in_which_the_rest_stand_as_past_data()
     // The points left out of the M-step's sample join past data's message:
     // the bound it climbs holds them as pseudo-observations under θ₀, as it
     // holds the first batch, and the sample as data.
-    let data = wave(300, 17);
-    let (first, second) = (rows(&data, 0..150), rows(&data, 150..300));
-    let z = first.x().rows(0, 40).into_owned();
-    let mut learner = relearning(&z, 0, PastInMStep::Message);
-    learner.update(&first).unwrap();
-    learner.config.m_steps = 100;
+    let (mut learner, first, second, z) = first_batch_as_a_message();
     learner.config.m_sample = Some(75);
     // `update` knows the second batch's records by their row index.
     let sample = m_step_sample(0..150, 75, learner.config.seed, 1);
@@ -510,16 +512,16 @@ fn an_m_step_on_a_sample_climbs_the_bound_in_which_the_rest_stand_as_past_data()
         inside.len()
     );
     learner.update(&second).unwrap();
-    let past = first.select(&(0..150).collect::<Vec<_>>());
+    // Past data: the first batch, then the second batch's points left out.
     let left_out = second.select(&outside);
-    let x = DMatrix::from_fn(150 + outside.len(), 2, |i, j| {
-        if i < 150 {
-            past.x()[(i, j)]
+    let x = DMatrix::from_fn(first.n() + left_out.n(), 2, |i, j| {
+        if i < first.n() {
+            first.x()[(i, j)]
         } else {
-            left_out.x()[(i - 150, j)]
+            left_out.x()[(i - first.n(), j)]
         }
     });
-    let y = DVector::from_iterator(x.nrows(), past.y().iter().chain(left_out.y().iter()).copied());
+    let y = DVector::from_iterator(x.nrows(), first.y().iter().chain(left_out.y().iter()).copied());
     let past = Data::new(x, y).unwrap();
     let sampled = second.select(&inside);
     let jitter = relative_jitter(&learner);

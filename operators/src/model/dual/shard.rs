@@ -528,7 +528,7 @@ impl Block {
         };
         let columns = Columns::under(&model.posterior, points.x());
         for (i, &y) in points.y().iter().enumerate() {
-            if let Some((s1, s2)) = model.likelihood.exact_site(y) {
+            if let Some((s1, s2)) = model.likelihood.exact_site(points.output(i), y) {
                 self.sites.s1[(i, 0)] = s1;
                 self.sites.s2[(i, 0)] = s2;
             }

@@ -120,11 +120,16 @@ impl Likelihood {
         }
     }
 
-    /// A conjugate likelihood's site of `y`, `(y/σ², 1/σ²)`: what one
-    /// undamped E-step reaches from any posterior.
-    pub fn exact_site(&self, y: f64) -> Option<(f64, f64)> {
-        match *self {
+    /// The site of `y` on output `d` that one undamped E-step reaches from
+    /// any posterior: `Some` exactly when [`is_conjugate`](Self::is_conjugate).
+    /// Gaussian: `(y/σ², 1/σ²)`; one latent loaded by `a`: `(a y/σ², a²/σ²)`.
+    pub fn exact_site(&self, d: usize, y: f64) -> Option<(f64, f64)> {
+        match self {
             Likelihood::Gaussian { variance } => Some((y / variance, 1.0 / variance)),
+            Likelihood::MultiOutput(m) if m.is_conjugate() => {
+                let a = m.mixing[(0, d)];
+                m.outputs[d].exact_site(0, y).map(|(s1, s2)| (a * s1, a * a * s2))
+            }
             _ => None,
         }
     }
@@ -414,6 +419,37 @@ mod tests {
     use super::*;
     use crate::model::math::quadrature;
     use crate::model::math::special::*;
+
+    #[test]
+    fn an_exact_site_is_what_one_undamped_site_update_reaches_and_only_conjugate_ones_have_it() {
+        let gaussians = || {
+            vec![
+                Likelihood::Gaussian { variance: 0.3 },
+                Likelihood::Gaussian { variance: 2.0 },
+            ]
+        };
+        let one_latent =
+            MultiOutput::with_mixing(gaussians(), nalgebra::DMatrix::from_row_slice(1, 2, &[0.7, -1.3])).unwrap();
+        let cases = [
+            Likelihood::Gaussian { variance: 0.3 },
+            Likelihood::Bernoulli { link: Link::Probit },
+            Likelihood::MultiOutput(Box::new(one_latent)),
+            Likelihood::MultiOutput(Box::new(MultiOutput::new(gaussians(), 2).unwrap())),
+        ];
+        let (y, mean, var) = (1.7, 0.4, 0.9);
+        for lik in &cases {
+            for d in 0..lik.n_outputs() {
+                let exact = lik.exact_site(d, y);
+                assert_eq!(exact.is_some(), lik.is_conjugate(), "{}", lik.name());
+                let Some((s1, s2)) = exact else { continue };
+                // The E-step's undamped update from an arbitrary marginal: λ₁ = α̂ + β̂μ, λ₂ = β̂.
+                let mut e = Expectation::default();
+                lik.expectation_of(d, &[mean], &[var], y, &mut e);
+                assert_close(s1, e.d_mean[0] + e.beta[0] * mean, 1e-12, 0.0, "λ₁");
+                assert_close(s2, e.beta[0], 1e-12, 0.0, "λ₂");
+            }
+        }
+    }
 
     fn assert_close(got: f64, want: f64, rel: f64, abs: f64, what: &str) {
         let tol = rel * got.abs().max(want.abs()) + abs;
