@@ -278,8 +278,8 @@ pub fn learn_block(
 ) -> Result<BlockReport> {
     let (n, n_latent, m_t) = (data.n(), post.n_latent(), post.m() - from);
     let cross = post.cross(data.x());
-    // The new block's sites are zero: these are the frozen blocks' marginals.
-    let frozen = post.marginals(&cross);
+    // The new block's sites are zero on entry.
+    let frozen = frozen_marginals(post, &cross, from);
     let block_cross = Cross {
         kzx: cross.kzx.rows(from, m_t).into_owned(),
         a: cross.a.rows(from, m_t).into_owned(),
@@ -338,6 +338,18 @@ pub fn learn_block(
     }
     post.refresh_sites()?;
     Ok(report)
+}
+
+/// The marginals of `f` under the blocks before row `from` alone, `post`'s
+/// block from `from` on at its prior `N(0, I)`: `post`'s marginals less that
+/// prior's variance `‖a_t,i‖²`, which the block's own `a_t,iᵀ S_t a_t,i` replaces.
+fn frozen_marginals(post: &DualPosterior, cross: &Cross, from: usize) -> Marginals {
+    let mut frozen = post.marginals(cross);
+    let block = cross.a.rows(from, post.m() - from);
+    for (i, a_i) in block.column_iter().enumerate() {
+        frozen.var.row_mut(i).add_scalar_mut(-a_i.norm_squared());
+    }
+    frozen
 }
 
 /// The marginals of `f` at the points: the block's own plus the frozen blocks'.
@@ -404,7 +416,7 @@ pub fn task_bound(
     }
     frozen_post.refresh_sites()?;
     let cross = frozen_post.cross(data.x());
-    let frozen = frozen_post.marginals(&cross);
+    let frozen = frozen_marginals(&frozen_post, &cross, from);
     let a = cross.a.rows(from, m_t).into_owned();
     let (n, n_latent) = (data.n(), post.n_latent());
     let mut value = 0.0;
