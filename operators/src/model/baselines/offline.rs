@@ -101,10 +101,20 @@ pub fn fit_offline(
         Optimizer::Adam { lr } => Some(Adam::new(lr)),
         Optimizer::Lbfgs { .. } => None,
     };
-    for _ in 0..config.rounds {
+    for round in 0..config.rounds {
+        let started = std::time::Instant::now();
         let cross = model.rebuild_totals(data)?;
         model.e_step(data, &cross, config, &mut rng)?;
-        let value = model.m_step(data, config, adam.as_mut(), &mut rng)?;
+        let e_seconds = started.elapsed().as_secs_f64();
+        let (value, evaluations) = model.m_step(data, config, adam.as_mut(), &mut rng)?;
+        tracing::debug!(
+            round,
+            e_seconds,
+            m_seconds = started.elapsed().as_secs_f64() - e_seconds,
+            evaluations,
+            objective = value,
+            "offline round"
+        );
         model.objective.push(value);
         if config.inducing == InducingUpdate::Pivoted {
             let m = model.posterior.m();
@@ -156,16 +166,18 @@ impl OfflineModel {
         Ok(())
     }
 
-    /// Maximises `F(θ)` with the totals fixed; returns the final `F(θ)` on all data.
+    /// Maximises `F(θ)` with the totals fixed; returns the final `F(θ)` on
+    /// all data and how many times the objective was evaluated.
     fn m_step(
         &mut self,
         data: &Data,
         config: &OfflineConfig,
         adam: Option<&mut Adam>,
         rng: &mut ChaCha8Rng,
-    ) -> Result<f64> {
+    ) -> Result<(f64, usize)> {
         let with_z = config.inducing == InducingUpdate::Optimized;
         let start = self.params(with_z);
+        let mut evaluations = 0;
         let params = match (config.optimizer, adam) {
             // L-BFGS climbs the profile `θ ↦ F(θ, sites*(θ))`: every evaluation
             // first brings the sites to their E-step fixed point (warm-started), where
@@ -173,6 +185,7 @@ impl OfflineModel {
             // theorem; exact for a Gaussian likelihood, whose E-step is exact).
             (Optimizer::Lbfgs { history }, _) => {
                 let f = |p: &DVector<f64>| {
+                    evaluations += 1;
                     let warm = self.sites.clone();
                     let mut profile = |model: &mut Self| {
                         model.set_params(p, with_z)?;
@@ -189,6 +202,7 @@ impl OfflineModel {
             (Optimizer::Adam { .. }, Some(adam)) => {
                 let mut p = start;
                 for _ in 0..config.m_steps {
+                    evaluations += 1;
                     let o = match config.minibatch {
                         None => m_step_objective(&self.posterior, &self.likelihood, data, None)?,
                         Some(size) => {
@@ -213,7 +227,7 @@ impl OfflineModel {
         } else {
             self.posterior.cross(data.x())
         };
-        Ok(self.objective_at(data, &cross, false).value)
+        Ok((self.objective_at(data, &cross, false).value, evaluations))
     }
 
     /// `F(θ)` on all of `data`, whose kernel quantities are `cross` (`∂F/∂Z` only `with_z`).

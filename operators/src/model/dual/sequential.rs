@@ -28,7 +28,7 @@ use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
-use crate::model::math::optim::{Adam, Lbfgs, Optimizer};
+use crate::model::math::optim::{Adam, Curvature, Lbfgs, Optimizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -237,6 +237,9 @@ pub struct SequentialLearner {
     posterior: Option<DualPosterior>,
     pub memory: Memory,
     adam: Adam,
+    /// The last L-BFGS M-step's curvature, where the next one starts.
+    #[serde(default)]
+    curvature: Curvature,
     pub n_seen: u64,
     pub batches: u64,
 }
@@ -256,6 +259,7 @@ impl SequentialLearner {
             posterior: None,
             memory: Memory::default(),
             adam,
+            curvature: Curvature::default(),
             n_seen: 0,
             batches: 0,
         })
@@ -691,8 +695,9 @@ impl SequentialLearner {
                 }
             }
             Optimizer::Lbfgs { history } => {
-                let mut search =
-                    Lbfgs::new(theta, self.config.m_steps, history).with_tolerance(self.config.m_tolerance);
+                let mut search = Lbfgs::new(theta, self.config.m_steps, history)
+                    .with_tolerance(self.config.m_tolerance)
+                    .with_curvature(std::mem::take(&mut self.curvature));
                 while let Some(theta) = search.next_point() {
                     evaluations += 1;
                     let outcome = match self.set_hyperparameters(&theta.clone(), past.as_mut()) {
@@ -701,6 +706,7 @@ impl SequentialLearner {
                     };
                     search.tell(outcome)?;
                 }
+                self.curvature = search.curvature();
                 self.set_hyperparameters(&search.best().0, past.as_mut())?;
             }
         }

@@ -65,6 +65,15 @@ pub enum Optimizer {
 /// The largest change of one parameter in one L-BFGS step (log space: ×20).
 const MAX_MOVE: f64 = 3.0;
 
+/// The curvature pairs `(s, y, 1/sᵀy)` an L-BFGS search learned. A stream's
+/// M-steps climb objectives that change little from one update to the next:
+/// started from the last search's pairs, a search takes a quasi-Newton step
+/// at once instead of a short steepest-ascent probe.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Curvature {
+    pairs: Vec<(DVector<f64>, DVector<f64>, f64)>,
+}
+
 /// Maximises `f` (returning value and gradient) by L-BFGS with a backtracking
 /// Armijo line search, for at most `max_iter` iterations; `history` pairs are
 /// kept. Stops early when the gradient or the progress vanishes. Returns the
@@ -137,6 +146,22 @@ impl Lbfgs {
     pub fn with_tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = tolerance;
         self
+    }
+
+    /// Starts from `curvature` (pairs of another parameter count are dropped).
+    pub fn with_curvature(mut self, curvature: Curvature) -> Self {
+        let n = self.x.len();
+        self.pairs = curvature.pairs.into_iter().filter(|(s, _, _)| s.len() == n).collect();
+        let surplus = self.pairs.len().saturating_sub(self.history);
+        self.pairs.drain(..surplus);
+        self
+    }
+
+    /// The curvature pairs learned so far (and those it started from).
+    pub fn curvature(&self) -> Curvature {
+        Curvature {
+            pairs: self.pairs.clone(),
+        }
     }
 
     /// Where the objective is wanted next; `None` when the search is over.
@@ -282,6 +307,47 @@ mod tests {
         let (last, before) = gains.split_last().unwrap();
         assert!(before.iter().all(|&g| g >= 1.0) && *last < 1.0, "{gains:?}");
         assert!(loose.len() < tight.len(), "{} against {}", loose.len(), tight.len());
+    }
+
+    #[test]
+    fn a_search_started_from_the_last_ones_curvature_needs_fewer_evaluations() {
+        // The quadratic's maximiser moves a little, as an M-step's does from one update to the next.
+        let moved = |x: &DVector<f64>| quadratic(&(x - DVector::from_vec(vec![0.1, -0.2, 0.05])));
+        let solve = |search: &mut Lbfgs, f: &dyn Fn(&DVector<f64>) -> Result<(f64, DVector<f64>)>| {
+            let mut evaluations = 0;
+            while let Some(x) = search.next_point() {
+                evaluations += 1;
+                let outcome = f(&x.clone());
+                search.tell(outcome).unwrap();
+            }
+            evaluations
+        };
+        let mut first = Lbfgs::new(DVector::zeros(3), 100, 10);
+        solve(&mut first, &quadratic);
+        let start = first.best().0;
+        let mut cold = Lbfgs::new(start.clone(), 100, 10);
+        let mut warm = Lbfgs::new(start, 100, 10).with_curvature(first.curvature());
+        let (cold_evaluations, warm_evaluations) = (solve(&mut cold, &moved), solve(&mut warm, &moved));
+        let target = DVector::from_vec(vec![1.1, -2.2, 0.55]);
+        for search in [&cold, &warm] {
+            assert!((&search.best().0 - &target).amax() < 1e-6, "{}", search.best().0);
+        }
+        assert!(
+            warm_evaluations < cold_evaluations,
+            "warm {warm_evaluations}, cold {cold_evaluations}"
+        );
+    }
+
+    #[test]
+    fn curvature_of_another_parameter_count_is_dropped() {
+        let mut first = Lbfgs::new(DVector::zeros(3), 100, 10);
+        while let Some(x) = first.next_point() {
+            let outcome = quadratic(&x.clone());
+            first.tell(outcome).unwrap();
+        }
+        assert!(!first.curvature().pairs.is_empty());
+        let other = Lbfgs::new(DVector::zeros(2), 100, 10).with_curvature(first.curvature());
+        assert!(other.curvature().pairs.is_empty());
     }
 
     #[test]
