@@ -309,25 +309,27 @@ mod tests {
         assert!(loose.len() < tight.len(), "{} against {}", loose.len(), tight.len());
     }
 
+    /// Runs `search` on `f` to its end; returns the number of evaluations.
+    fn solve(search: &mut Lbfgs, f: impl Fn(&DVector<f64>) -> Result<(f64, DVector<f64>)>) -> usize {
+        let mut evaluations = 0;
+        while let Some(x) = search.next_point() {
+            evaluations += 1;
+            let outcome = f(&x.clone());
+            search.tell(outcome).unwrap();
+        }
+        evaluations
+    }
+
     #[test]
     fn a_search_started_from_the_last_ones_curvature_needs_fewer_evaluations() {
         // The quadratic's maximiser moves a little, as an M-step's does from one update to the next.
         let moved = |x: &DVector<f64>| quadratic(&(x - DVector::from_vec(vec![0.1, -0.2, 0.05])));
-        let solve = |search: &mut Lbfgs, f: &dyn Fn(&DVector<f64>) -> Result<(f64, DVector<f64>)>| {
-            let mut evaluations = 0;
-            while let Some(x) = search.next_point() {
-                evaluations += 1;
-                let outcome = f(&x.clone());
-                search.tell(outcome).unwrap();
-            }
-            evaluations
-        };
         let mut first = Lbfgs::new(DVector::zeros(3), 100, 10);
-        solve(&mut first, &quadratic);
+        solve(&mut first, quadratic);
         let start = first.best().0;
         let mut cold = Lbfgs::new(start.clone(), 100, 10);
         let mut warm = Lbfgs::new(start, 100, 10).with_curvature(first.curvature());
-        let (cold_evaluations, warm_evaluations) = (solve(&mut cold, &moved), solve(&mut warm, &moved));
+        let (cold_evaluations, warm_evaluations) = (solve(&mut cold, moved), solve(&mut warm, moved));
         let target = DVector::from_vec(vec![1.1, -2.2, 0.55]);
         for search in [&cold, &warm] {
             assert!((&search.best().0 - &target).amax() < 1e-6, "{}", search.best().0);
@@ -341,10 +343,7 @@ mod tests {
     #[test]
     fn curvature_of_another_parameter_count_is_dropped() {
         let mut first = Lbfgs::new(DVector::zeros(3), 100, 10);
-        while let Some(x) = first.next_point() {
-            let outcome = quadratic(&x.clone());
-            first.tell(outcome).unwrap();
-        }
+        solve(&mut first, quadratic);
         assert!(!first.curvature().pairs.is_empty());
         let other = Lbfgs::new(DVector::zeros(2), 100, 10).with_curvature(first.curvature());
         assert!(other.curvature().pairs.is_empty());
