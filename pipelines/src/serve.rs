@@ -75,7 +75,7 @@ pub struct ServeArgs {
     /// A timely cluster: every process serves its workers' share of the partitions.
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Stop cleanly after this many seconds without input.
+    /// Stop cleanly once no worker (of any process) has had input for this many seconds.
     #[arg(long)]
     pub idle_exit: Option<f64>,
     #[command(flatten)]

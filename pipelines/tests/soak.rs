@@ -14,8 +14,8 @@
 //!
 //! Ignored by the test suite (it takes minutes); `scripts/soak.sh` runs them.
 //! `SOAK_KILLS` (default 20), `SOAK_RECORDS` (default 20 000) and
-//! `SOAK_SEED` (default 1) change the runs; they write `target/soak.json`
-//! and `target/soak-two-processes.json`.
+//! `SOAK_SEED` (default 1) change the runs; they write `soak.json` and
+//! `soak-two-processes.json` into the target directory.
 
 #[allow(dead_code)] // only the in-memory broker is used here
 #[path = "../../connectors/tests/common/broker.rs"]
@@ -304,10 +304,14 @@ fn same_model_as_uninterrupted(soak_dir: &Path, calm_dir: &Path, records: usize)
     files
 }
 
+/// Prints the figures and keeps them in the target directory (`CARGO_TARGET_DIR`'s, if set).
 fn write_figures(name: &str, figures: &serde_json::Value) {
     println!("{figures:#}");
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target").join(name);
-    std::fs::write(target, format!("{figures:#}\n")).unwrap();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join(name), format!("{figures:#}\n")).unwrap();
 }
 
 /// A hostfile of two free ports on 127.0.0.1, kept for every restart.
