@@ -100,3 +100,58 @@ pub(crate) fn track_commits<'scope>(
         },
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use timely::dataflow::operators::Input;
+    use timely::dataflow::InputHandleVec;
+
+    fn position(partition: i32, offset: i64, next_epoch: u64) -> KafkaPosition {
+        KafkaPosition {
+            topic: "in".into(),
+            next_epoch,
+            offsets: BTreeMap::from([(partition, offset)]),
+        }
+    }
+
+    /// What worker 0 may commit after two workers (each with a partition of
+    /// its own) report epochs 0, 1 and 2, and, with checkpoints, only
+    /// epoch 1 is saved.
+    fn ready_after_three_epochs(checkpointing: bool) -> Option<(u64, KafkaPosition)> {
+        let guards = timely::execute(timely::Config::process(2), move |worker| {
+            let mut positions = InputHandleVec::new();
+            let mut saved = InputHandleVec::new();
+            let commits = Rc::new(RefCell::new(Commits::default()));
+            let kept = Rc::clone(&commits);
+            worker.dataflow::<u64, _, _>(|scope| {
+                let saved = checkpointing.then(|| scope.input_from(&mut saved));
+                track_commits(scope.input_from(&mut positions), saved, kept);
+            });
+            let w = worker.index();
+            for epoch in 0..3 {
+                positions.advance_to(epoch);
+                positions.send((w, position(w as i32, 10 * (epoch as i64 + 1), epoch + 1)));
+            }
+            if w == 0 {
+                saved.advance_to(1);
+                saved.send(Ok(1));
+            }
+            drop((positions, saved));
+            while worker.step_or_park(None) {}
+            let ready = commits.borrow_mut().ready.take();
+            ready
+        })
+        .unwrap();
+        guards.join().into_iter().next().unwrap().unwrap()
+    }
+
+    #[test]
+    fn with_checkpoints_only_a_checkpointed_epoch_is_committed_and_without_the_newest_everyone_reported() {
+        let both = |offset| BTreeMap::from([(0, offset), (1, offset)]);
+        let (epoch, at) = ready_after_three_epochs(true).expect("epoch 1 is checkpointed");
+        assert_eq!((epoch, at.next_epoch, at.offsets), (1, 2, both(20)));
+        let (epoch, at) = ready_after_three_epochs(false).expect("every epoch is reported");
+        assert_eq!((epoch, at.next_epoch, at.offsets), (2, 3, both(30)));
+    }
+}
