@@ -409,6 +409,7 @@ fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Pat
         "20",
         "--scoring",
         "prequential",
+        // Kept last: a test without it removes it.
         "--idle-exit",
         "3",
     ]
@@ -482,4 +483,34 @@ fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_
         serde_json::to_string(&b.learner).unwrap(),
         "the models differ"
     );
+}
+
+#[test]
+fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, "in", 2).unwrap();
+    produce(&address, "in", &regression_messages(400), 2);
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    // No --idle-exit: only the signal, to process 1 alone, stops the cluster.
+    let cluster = Cluster::start(dir.path(), |process| {
+        let mut args = serve_args(&address, "in", "out", None);
+        args.truncate(args.len() - 2); // --idle-exit 3
+        if process == 0 {
+            args.extend(["--checkpoint-dir".into(), path(&checkpoints).into()]);
+        }
+        args
+    });
+    assert_eq!(payloads_by_id(&address, "out", 400).len(), 400);
+    let signalled = Command::new("kill")
+        .args(["-TERM", &cluster.children[1].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let logs = cluster.wait();
+    assert!(logs[0].contains("offsets committed through epoch"), "{}", logs[0]);
+    assert!(logs[1].contains("process 1 of 2"), "{}", logs[1]);
+    assert_eq!(newest_checkpoint(&checkpoints).learner.n_seen, 400);
 }
