@@ -434,55 +434,67 @@ fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_
     let broker = Broker::start();
     let address = broker.address();
     let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    let records = 1000;
-    let messages = regression_messages(records);
     for topic in ["one-in", "two-in"] {
         create_topic(&conn, topic, 2).unwrap();
-        produce(&address, topic, &messages, 2);
     }
+    let messages = regression_messages(1400);
     let dir = tempfile::tempdir().unwrap();
     let (one_dir, two_dir) = (dir.path().join("one"), dir.path().join("two"));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_dualgp"))
-        .args(serve_args(&address, "one-in", "one-out", Some(&one_dir)))
-        .args(["--workers", "2"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // The standardisation is fitted on the records the first fetch brings,
-    // whichever partition they come from: the cluster starts from the same.
-    std::fs::create_dir_all(&two_dir).unwrap();
-    std::fs::copy(one_dir.join("scaling.json"), two_dir.join("scaling.json")).unwrap();
+    // A first run, then a restart from the checkpoints with new records:
+    // each ends with every record scored once and the same model.
+    for (round, (range, newest_epoch)) in [(0..1000, 4), (1000..1400, 6)].into_iter().enumerate() {
+        let (per_process, records) = (range.len() / 2, range.end);
+        for topic in ["one-in", "two-in"] {
+            produce(&address, topic, &messages[range.clone()], 2);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_dualgp"))
+            .args(serve_args(&address, "one-in", "one-out", Some(&one_dir)))
+            .args(["--workers", "2"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        if round == 0 {
+            // The standardisation is fitted on the records the first fetch
+            // brings, whichever partition they come from: the cluster starts
+            // from the same.
+            std::fs::create_dir_all(&two_dir).unwrap();
+            std::fs::copy(one_dir.join("scaling.json"), two_dir.join("scaling.json")).unwrap();
+        }
 
-    // Process 1 has no checkpoint directory: process 0 tells it where to start.
-    let logs = Cluster::start(dir.path(), |process| {
-        let checkpoints = (process == 0).then_some(two_dir.as_path());
-        let mut args = serve_args(&address, "two-in", "two-out", checkpoints);
-        args.extend(["--workers".into(), "1".into()]);
-        args
-    })
-    .wait();
-    assert!(logs[0].contains("offsets committed through epoch"), "{}", logs[0]);
-    for log in &logs {
-        assert!(log.contains("500 records scored"), "{log}");
+        // Process 1 has no checkpoint directory: process 0 tells it where to start.
+        let logs = Cluster::start(dir.path(), |process| {
+            let checkpoints = (process == 0).then_some(two_dir.as_path());
+            let mut args = serve_args(&address, "two-in", "two-out", checkpoints);
+            args.extend(["--workers".into(), "1".into()]);
+            args
+        })
+        .wait();
+        assert!(logs[0].contains("offsets committed through epoch"), "{}", logs[0]);
+        for log in &logs {
+            assert!(log.contains(&format!("{per_process} records scored")), "{log}");
+        }
+
+        let (one, two) = (
+            payloads_by_id(&address, "one-out", records),
+            payloads_by_id(&address, "two-out", records),
+        );
+        assert_eq!(one.len(), records);
+        assert!(one.values().all(|p| p.len() == 1), "1 × 2 scored a record twice");
+        assert!(
+            one == two,
+            "round {round}: 2 processes × 1 worker sent other predictions than 1 × 2"
+        );
+
+        let (a, b) = (newest_checkpoint(&one_dir), newest_checkpoint(&two_dir));
+        assert_eq!((a.epoch, a.learner.n_seen), (newest_epoch, records as u64));
+        assert_eq!(b.epoch, a.epoch);
+        assert_eq!(
+            serde_json::to_string(&a.learner).unwrap(),
+            serde_json::to_string(&b.learner).unwrap(),
+            "round {round}: the models differ"
+        );
     }
-
-    let (one, two) = (
-        payloads_by_id(&address, "one-out", records),
-        payloads_by_id(&address, "two-out", records),
-    );
-    assert_eq!(one.len(), records);
-    assert!(one.values().all(|p| p.len() == 1), "1 × 2 scored a record twice");
-    assert!(one == two, "2 processes × 1 worker sent other predictions than 1 × 2");
-
-    let (a, b) = (newest_checkpoint(&one_dir), newest_checkpoint(&two_dir));
-    assert_eq!((a.epoch, a.learner.n_seen), (4, records as u64));
-    assert_eq!(b.epoch, a.epoch);
-    assert_eq!(
-        serde_json::to_string(&a.learner).unwrap(),
-        serde_json::to_string(&b.learner).unwrap(),
-        "the models differ"
-    );
 }
 
 #[test]
