@@ -19,7 +19,8 @@ pub struct ClusterArgs {
     /// Processes in the timely cluster (timely's `-n`); start each with its own `--process`.
     #[arg(long, default_value_t = 1)]
     pub processes: usize,
-    /// This process's index, 0 to processes − 1 (timely's `-p`); process 0 writes the outputs.
+    /// This process's index, 0 to processes − 1 (timely's `-p`); process 0
+    /// writes the outputs (replay) and the checkpoints (serve).
     #[arg(long, default_value_t = 0)]
     pub process: usize,
     /// One `host:port` a line, process 0's first (timely's `-h`); without it
@@ -64,18 +65,6 @@ impl ClusterArgs {
     /// it holds worker 0, to which every worker sends them.
     pub fn writes_outputs(&self) -> bool {
         self.process == 0
-    }
-
-    /// For commands that cannot span processes yet.
-    pub fn require_one_process(&self, command: &str) -> Result<()> {
-        self.check_indices()?;
-        if self.processes > 1 {
-            bail!(
-                "--processes {}: `{command}` runs in one process for now (its workers coordinate through process memory); scale it with --workers",
-                self.processes
-            );
-        }
-        Ok(())
     }
 
     fn check_indices(&self) -> Result<()> {
@@ -205,10 +194,5 @@ mod tests {
             let err = format!("{:#}", args.timely_config(1).unwrap_err());
             assert!(err.contains(needle) && !err.contains('\n'), "{err:?} lacks {needle:?}");
         }
-        let err = cluster(2, 0, None)
-            .require_one_process("serve")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`serve` runs in one process"), "{err}");
     }
 }

@@ -146,9 +146,14 @@ fn score(rmse: Option<f64>, accuracy: Option<f64>) -> String {
 /// commits) or `--idle-exit`.
 fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
     let s = serve::run(args, stop_on_signals()?)?;
-    let committed = s.committed_epoch.map_or("no offsets committed".into(), |e| {
-        format!("offsets committed through epoch {e}")
-    });
+    let committed = match (args.cluster.writes_outputs(), s.committed_epoch) {
+        (true, Some(e)) => format!("offsets committed through epoch {e}"),
+        (true, None) => "no offsets committed".into(),
+        (false, _) => format!(
+            "process {} of {}: process 0 checkpoints and commits",
+            args.cluster.process, args.cluster.processes
+        ),
+    };
     println!(
         "dualgp serve: {} records scored, {} predictions sent, {} dead letters, {} updates over {} epochs ({} failed); {committed}",
         s.records, s.predictions, s.dead_letters, s.updates, s.epochs, s.failed_updates

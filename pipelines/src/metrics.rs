@@ -7,6 +7,7 @@
 //! lagged behind it). The names are a contract: outside checks read them.
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -23,6 +24,9 @@ pub struct Metrics {
     /// Updates that failed, the model left as it was (see `reduce_stage`).
     pub updates_failed: IntCounter,
     pub epochs: IntCounter,
+    /// The most epochs any worker has read: workers raise `epochs` to it
+    /// without a lock.
+    epochs_seen: Arc<AtomicU64>,
     epoch_latency: Histogram,
     staleness: Histogram,
 }
@@ -54,6 +58,7 @@ impl Default for Metrics {
                 "Model updates that failed; the model stayed as it was before the epoch.",
             ),
             epochs: counter("dualgp_epochs_total", "Epochs read."),
+            epochs_seen: Arc::default(),
             epoch_latency: histogram(
                 "dualgp_epoch_latency_seconds",
                 "From an epoch's first record read to its predictions delivered.",
@@ -80,7 +85,7 @@ impl Metrics {
 
     /// Raises the epochs read to `epochs` (a counter only goes up).
     pub fn saw_epochs(&self, epochs: u64) {
-        let seen = self.epochs.get();
+        let seen = self.epochs_seen.fetch_max(epochs, Ordering::SeqCst);
         if epochs > seen {
             self.epochs.inc_by(epochs - seen);
         }

@@ -147,12 +147,13 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
             args.cluster.hostfile = args.cluster.hostfile.map(|_| missing(dir, "hosts"));
             replay::run(&args, |_, _| {}).map(|_| ())
         }
-        Command::Serve(args) => {
+        Command::Serve(mut args) => {
             // Serving would connect to a broker: only the checks before it.
+            args.cluster.hostfile = args.cluster.hostfile.map(|_| missing(dir, "hosts"));
             Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
             args.model.settings()?;
             check_workers(args.workers)?;
-            args.cluster.require_one_process("serve")
+            args.cluster.timely_config(args.workers).map(|_| ())
         }
         Command::Run {
             workers,

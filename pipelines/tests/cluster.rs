@@ -2,8 +2,13 @@
 //! `replay` and `run` on 2 processes × 1 worker write, bit for bit, the
 //! predictions and dead letters of 1 process × 2 workers (and of 1 × 1:
 //! prequential scoring does not depend on the workers); only process 0
-//! writes; wrong cluster flags are one line each.
+//! writes; `serve` on 2 processes × 1 worker sends the predictions and
+//! checkpoints the model of 1 process × 2 workers, bit for bit, against a
+//! real Kafka-protocol broker (tansu); wrong cluster flags are one line each.
 
+#[allow(dead_code)] // only the in-memory broker is used here
+#[path = "../../connectors/tests/common/broker.rs"]
+mod broker;
 mod common;
 #[path = "../../connectors/tests/common/mod.rs"]
 mod parquet_files;
@@ -15,11 +20,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use arrow::array::{ArrayRef, Float64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
-use common::{assert_fails_with, dualgp};
+use broker::Broker;
+use common::{assert_fails_with, dualgp, produce};
+use dualgp_connectors::kafka::create_topic;
+use dualgp_connectors::{KafkaConnection, KafkaPosition};
+use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 use parquet_files::{data, f64s, read_parquet, write_batch};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 /// The longest a cluster run may take before its processes are killed.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -318,7 +331,7 @@ fn wrong_cluster_flags_are_one_line_each() {
         &["run", "--config", path(&config), "--processes", "2", "--process", "5"],
         "--process 5 is not below --processes 2",
     );
-    // serve refuses a cluster before it looks for a broker.
+    // serve checks the cluster flags before it looks for a broker.
     let serve = [
         "serve",
         "--brokers",
@@ -331,7 +344,185 @@ fn wrong_cluster_flags_are_one_line_each() {
         "gaussian",
         "--processes",
         "2",
+        "--process",
+        "2",
     ];
-    assert_fails_with(&serve, "`serve` runs in one process");
+    assert_fails_with(&serve, "--process 2 is not below --processes 2");
     assert!(!out.exists(), "a refused run left an output file");
+}
+
+/// Regression records `y = sin(3 x0) + x1² + noise`, keyed by id.
+fn regression_messages(n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|id| {
+            let t = id as f64;
+            let (x0, x1) = ((t * 0.37).sin() * 2.0, (t * 0.11).cos() * 2.0);
+            let y = (3.0 * x0).sin() + x1 * x1 + 0.05 * (t * 1.7).sin();
+            (id.to_string(), format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{y}}}"#))
+        })
+        .collect()
+}
+
+/// Every message of the one-partition `topic`, as id → payloads, read until
+/// `expected` have come and then nothing new for two seconds (at most a minute).
+fn payloads_by_id(address: &str, topic: &str, expected: usize) -> BTreeMap<i64, Vec<String>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", "cluster-test-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    consumer.assign(&list).unwrap();
+    let mut seen: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    let (start, mut last, mut count) = (Instant::now(), Instant::now(), 0);
+    while (count < expected || last.elapsed() < Duration::from_secs(2)) && start.elapsed() < Duration::from_secs(60) {
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            let text = String::from_utf8_lossy(message.unwrap().payload().unwrap_or_default()).into_owned();
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            seen.entry(v["id"].as_i64().unwrap()).or_default().push(text);
+            (last, count) = (Instant::now(), count + 1);
+        }
+    }
+    seen
+}
+
+/// `serve` flags of the comparison: prequential scoring (the same on any
+/// number of workers), epochs of 100 records per worker, to its idle exit.
+fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Path>) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "serve",
+        "--brokers",
+        address,
+        "--input-topic",
+        input,
+        "--output-topic",
+        output,
+        "--likelihood",
+        "gaussian",
+        "--batch-size",
+        "100",
+        "--batch-timeout-ms",
+        "3000",
+        "--inducing",
+        "20",
+        "--scoring",
+        "prequential",
+        // Kept last: a test without it removes it.
+        "--idle-exit",
+        "3",
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(dir) = checkpoints {
+        args.extend(["--checkpoint-dir".into(), path(dir).into()]);
+    }
+    args
+}
+
+fn newest_checkpoint(dir: &Path) -> Checkpoint<KafkaPosition> {
+    CheckpointStore::new(dir, 3)
+        .unwrap()
+        .latest()
+        .unwrap()
+        .expect("a checkpoint")
+}
+
+#[test]
+fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_bit_for_bit() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    for topic in ["one-in", "two-in"] {
+        create_topic(&conn, topic, 2).unwrap();
+    }
+    let messages = regression_messages(1400);
+    let dir = tempfile::tempdir().unwrap();
+    let (one_dir, two_dir) = (dir.path().join("one"), dir.path().join("two"));
+
+    // A first run, then a restart from the checkpoints with new records:
+    // each ends with every record scored once and the same model.
+    for (round, (range, newest_epoch)) in [(0..1000, 4), (1000..1400, 6)].into_iter().enumerate() {
+        let (per_process, records) = (range.len() / 2, range.end);
+        for topic in ["one-in", "two-in"] {
+            produce(&address, topic, &messages[range.clone()], 2);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_dualgp"))
+            .args(serve_args(&address, "one-in", "one-out", Some(&one_dir)))
+            .args(["--workers", "2"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        if round == 0 {
+            // The standardisation is fitted on the records the first fetch
+            // brings, whichever partition they come from: the cluster starts
+            // from the same.
+            std::fs::create_dir_all(&two_dir).unwrap();
+            std::fs::copy(one_dir.join("scaling.json"), two_dir.join("scaling.json")).unwrap();
+        }
+
+        // Process 1 has no checkpoint directory: process 0 tells it where to start.
+        let logs = Cluster::start(dir.path(), |process| {
+            let checkpoints = (process == 0).then_some(two_dir.as_path());
+            let mut args = serve_args(&address, "two-in", "two-out", checkpoints);
+            args.extend(["--workers".into(), "1".into()]);
+            args
+        })
+        .wait();
+        assert!(logs[0].contains("offsets committed through epoch"), "{}", logs[0]);
+        for log in &logs {
+            assert!(log.contains(&format!("{per_process} records scored")), "{log}");
+        }
+
+        let (one, two) = (
+            payloads_by_id(&address, "one-out", records),
+            payloads_by_id(&address, "two-out", records),
+        );
+        assert_eq!(one.len(), records);
+        assert!(one.values().all(|p| p.len() == 1), "1 × 2 scored a record twice");
+        assert!(
+            one == two,
+            "round {round}: 2 processes × 1 worker sent other predictions than 1 × 2"
+        );
+
+        let (a, b) = (newest_checkpoint(&one_dir), newest_checkpoint(&two_dir));
+        assert_eq!((a.epoch, a.learner.n_seen), (newest_epoch, records as u64));
+        assert_eq!(b.epoch, a.epoch);
+        assert_eq!(
+            serde_json::to_string(&a.learner).unwrap(),
+            serde_json::to_string(&b.learner).unwrap(),
+            "round {round}: the models differ"
+        );
+    }
+}
+
+#[test]
+fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    create_topic(&conn, "in", 2).unwrap();
+    produce(&address, "in", &regression_messages(400), 2);
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    // No --idle-exit: only the signal, to process 1 alone, stops the cluster.
+    let cluster = Cluster::start(dir.path(), |process| {
+        let mut args = serve_args(&address, "in", "out", None);
+        args.truncate(args.len() - 2); // --idle-exit 3
+        if process == 0 {
+            args.extend(["--checkpoint-dir".into(), path(&checkpoints).into()]);
+        }
+        args
+    });
+    assert_eq!(payloads_by_id(&address, "out", 400).len(), 400);
+    let signalled = Command::new("kill")
+        .args(["-TERM", &cluster.children[1].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let logs = cluster.wait();
+    assert!(logs[0].contains("offsets committed through epoch"), "{}", logs[0]);
+    assert!(logs[1].contains("process 1 of 2"), "{}", logs[1]);
+    assert_eq!(newest_checkpoint(&checkpoints).learner.n_seen, 400);
 }

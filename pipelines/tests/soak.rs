@@ -6,9 +6,16 @@
 //! (epochs cut by record count, so both learn the same batches): no epoch was
 //! learned twice or lost.
 //!
-//! Ignored by the test suite (it takes minutes); `scripts/soak.sh` runs it.
+//! The same with a cluster of two processes (one worker each, a topic of two
+//! partitions): one of the two, chosen at random, is killed each time; its
+//! peer then fails (timely's failure model: a cluster does not outlive a
+//! process) or waits for it, and whatever exited is restarted, as a
+//! supervisor would. Every restart resumes from process 0's checkpoints.
+//!
+//! Ignored by the test suite (it takes minutes); `scripts/soak.sh` runs them.
 //! `SOAK_KILLS` (default 20), `SOAK_RECORDS` (default 20 000) and
-//! `SOAK_SEED` (default 1) change the run; it writes `target/soak.json`.
+//! `SOAK_SEED` (default 1) change the runs; they write `soak.json` and
+//! `soak-two-processes.json` into the target directory.
 
 #[allow(dead_code)] // only the in-memory broker is used here
 #[path = "../../connectors/tests/common/broker.rs"]
@@ -16,6 +23,7 @@ mod broker;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -84,7 +92,15 @@ fn prediction_ids(address: &str, topic: &str, expected: usize) -> Vec<i64> {
 /// `dualgp serve` from `input` to `output`, checkpointing into `dir`, its
 /// output appended to `log`.
 fn spawn_serve(address: &str, input: &str, output: &str, dir: &Path, log: &Path) -> Child {
+    spawn_member(address, input, output, Some(dir), log, &[])
+}
+
+/// [`spawn_serve`] with `extra` flags; without `dir`, no checkpoints.
+fn spawn_member(address: &str, input: &str, output: &str, dir: Option<&Path>, log: &Path, extra: &[String]) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let checkpoints = dir
+        .map(|d| vec!["--checkpoint-dir".to_string(), d.to_str().unwrap().to_string()])
+        .unwrap_or_default();
     serve_command(address, input, output)
         .args(["--likelihood", "gaussian", "--batch-size", &BATCH.to_string()])
         .args([
@@ -96,7 +112,8 @@ fn spawn_serve(address: &str, input: &str, output: &str, dir: &Path, log: &Path)
             "prequential",
         ])
         .args(["--inducing", "30", "--idle-exit", "4"])
-        .args(["--checkpoint-dir", dir.to_str().unwrap()])
+        .args(checkpoints)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log.try_clone().unwrap())
         .spawn()
@@ -217,9 +234,29 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
         &work.path().join("calm.log"),
     );
 
-    // Every record scored, some more than once (those after the newest
-    // checkpoint are scored again on restart).
-    let ids = prediction_ids(&address, "soak-out", records);
+    let (predictions, duplicates) = every_record_scored(&address, "soak-out", records);
+    let files = same_model_as_uninterrupted(&soak_dir, &calm_dir, records);
+
+    let figures = serde_json::json!({
+        "kills": killed,
+        "kills_during_a_checkpoint_write": during_write,
+        "stream_finished_before_all_kills": finished_early,
+        "records": records,
+        "epochs": records / BATCH,
+        "predictions": predictions,
+        "predictions_repeated_after_restarts": duplicates,
+        "checkpoint_files_at_the_end": files,
+        "soak_seconds": soak_seconds,
+        "seed": seed,
+    });
+    write_figures("soak.json", &figures);
+    assert!(killed >= kills || finished_early, "{figures}");
+}
+
+/// Every record scored, some more than once (those after the newest
+/// checkpoint are scored again on restart): the predictions and the repeats.
+fn every_record_scored(address: &str, topic: &str, records: usize) -> (usize, usize) {
+    let ids = prediction_ids(address, topic, records);
     let mut times: BTreeMap<i64, usize> = BTreeMap::new();
     for id in &ids {
         *times.entry(*id).or_default() += 1;
@@ -230,13 +267,17 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
         "{} records never scored: {missing:?}",
         missing.len()
     );
-    let duplicates = ids.len() - records;
+    assert!(times.len() == records, "ids beyond the stream's were predicted");
+    (ids.len(), ids.len() - records)
+}
 
-    // No checkpoint unreadable, no cut-short write left behind, and the last
-    // model is the uninterrupted run's.
-    let files = all_readable(&soak_dir);
-    assert_eq!(partial_writes(&soak_dir), BTreeSet::new());
-    let (soak, calm) = (latest(&soak_dir), latest(&calm_dir));
+/// No checkpoint unreadable, no cut-short write left behind, and the last
+/// model is the uninterrupted run's: every record learned once. Returns the
+/// checkpoint files left.
+fn same_model_as_uninterrupted(soak_dir: &Path, calm_dir: &Path, records: usize) -> usize {
+    let files = all_readable(soak_dir);
+    assert_eq!(partial_writes(soak_dir), BTreeSet::new());
+    let (soak, calm) = (latest(soak_dir), latest(calm_dir));
     assert_eq!(soak.epoch, calm.epoch);
     assert_eq!(soak.learner.n_seen, records as u64);
     assert_eq!(calm.learner.n_seen, records as u64);
@@ -260,21 +301,218 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
             "point {i}: {pair:?}: after the kills, then uninterrupted"
         );
     }
+    files
+}
 
+/// Prints the figures and keeps them in the target directory (`CARGO_TARGET_DIR`'s, if set).
+fn write_figures(name: &str, figures: &serde_json::Value) {
+    println!("{figures:#}");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join(name), format!("{figures:#}\n")).unwrap();
+}
+
+/// A hostfile of two free ports on 127.0.0.1, kept for every restart.
+fn hostfile(dir: &Path) -> PathBuf {
+    let ports: Vec<u16> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
+        .collect();
+    let path = dir.join("hosts");
+    std::fs::write(
+        &path,
+        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
+    )
+    .unwrap();
+    path
+}
+
+/// Two `serve` processes of one worker as a timely cluster, each restarted
+/// whenever it exits before the cluster's idle exit, as a supervisor would.
+/// Process 0 checkpoints into `dir`; process 1 has no directory.
+struct Pair<'a> {
+    address: &'a str,
+    input: &'a str,
+    output: &'a str,
+    dir: &'a Path,
+    hosts: PathBuf,
+    log: PathBuf,
+    children: [Option<Child>; 2],
+    /// Restarts of a process that exited by itself (its peer gone).
+    peer_exits: usize,
+    /// Set once both processes have exited with success.
+    finished: [bool; 2],
+}
+
+impl<'a> Pair<'a> {
+    fn new(address: &'a str, input: &'a str, output: &'a str, dir: &'a Path, work: &Path, tag: &str) -> Self {
+        Pair {
+            address,
+            input,
+            output,
+            dir,
+            hosts: hostfile(work),
+            log: work.join(format!("{tag}.log")),
+            children: [None, None],
+            peer_exits: 0,
+            finished: [false; 2],
+        }
+    }
+
+    fn spawn(&mut self, process: usize) {
+        let extra: Vec<String> = [
+            "--processes",
+            "2",
+            "--process",
+            &process.to_string(),
+            "--hostfile",
+            self.hosts.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let dir = (process == 0).then_some(self.dir);
+        let child = spawn_member(self.address, self.input, self.output, dir, &self.log, &extra);
+        self.children[process] = Some(child);
+        self.finished[process] = false;
+    }
+
+    /// Starts what is not running; restarts what failed. True once both
+    /// processes have ended with success (the stream served to its end).
+    fn supervise(&mut self) -> bool {
+        for process in 0..2 {
+            match self.children[process].as_mut().map(|c| c.try_wait().unwrap()) {
+                None => self.spawn(process),
+                Some(None) => {}
+                Some(Some(status)) if status.success() => {
+                    self.children[process] = None;
+                    self.finished[process] = true;
+                }
+                Some(Some(_)) => {
+                    self.peer_exits += 1;
+                    self.spawn(process);
+                }
+            }
+        }
+        self.finished == [true; 2]
+    }
+
+    fn kill(&mut self, process: usize) {
+        if let Some(mut child) = self.children[process].take() {
+            let _ = child.kill(); // SIGKILL
+            child.wait().unwrap();
+        }
+    }
+
+    /// Supervises until both processes have ended with success.
+    fn run_to_the_end(&mut self, limit: Duration) {
+        let started = Instant::now();
+        while !self.supervise() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+            assert!(
+                started.elapsed() < limit,
+                "the cluster did not finish in {limit:?}; the log's end, newest first:\n{tail}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Pair<'_> {
+    fn drop(&mut self) {
+        for process in 0..2 {
+            self.kill(process);
+        }
+    }
+}
+
+#[test]
+#[ignore = "minutes long; scripts/soak.sh runs it"]
+fn a_two_process_serve_cluster_with_either_process_killed_again_and_again_learns_every_epoch_once() {
+    let (kills, records, seed) = (
+        setting("SOAK_KILLS", 20),
+        setting("SOAK_RECORDS", 20_000),
+        setting("SOAK_SEED", 1),
+    );
+    // Every worker's epochs are cut by count: each partition holds whole epochs.
+    let records = records as usize / (2 * BATCH) * (2 * BATCH);
+    let broker = Broker::start();
+    let address = broker.address();
+    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+    let stream = messages(records, seed);
+    for topic in ["soak2-in", "calm2-in"] {
+        create_topic(&conn, topic, 2).unwrap();
+        produce(&address, topic, &stream, 2);
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (soak_dir, calm_dir) = (work.path().join("soak"), work.path().join("calm"));
+    let limit = Duration::from_secs(600);
+
+    // The uninterrupted run first: the standardisation is fitted on whichever
+    // records the first fetch of the two partitions brings, so the soak starts
+    // from the same (a fresh cluster would fit its own).
+    Pair::new(&address, "calm2-in", "calm2-out", &calm_dir, work.path(), "calm").run_to_the_end(limit);
+    std::fs::create_dir_all(&soak_dir).unwrap();
+    std::fs::copy(calm_dir.join("scaling.json"), soak_dir.join("scaling.json")).unwrap();
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pair = Pair::new(&address, "soak2-in", "soak2-out", &soak_dir, work.path(), "soak");
+    let (mut killed, mut victims, mut during_write, mut finished_early) = (0, [0usize; 2], 0, false);
+    let started = Instant::now();
+    while killed < kills {
+        let left_over = partial_writes(&soak_dir);
+        if pair.supervise() {
+            finished_early = true;
+            break;
+        }
+        let deadline = Instant::now() + Duration::from_secs_f64(rng.random_range(0.5..4.0));
+        let victim = rng.random_range(0..2usize);
+        let mut in_write = false;
+        while Instant::now() < deadline {
+            if pair.supervise() {
+                finished_early = true;
+                break;
+            }
+            // Only process 0 writes checkpoints: kill it then, half of the time.
+            let writing = !partial_writes(&soak_dir).is_subset(&left_over);
+            if victim == 0 && writing && rng.random_bool(0.5) {
+                in_write = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if finished_early {
+            break;
+        }
+        pair.kill(victim);
+        killed += 1;
+        victims[victim] += 1;
+        during_write += usize::from(in_write);
+    }
+    pair.run_to_the_end(limit);
+    let soak_seconds = started.elapsed().as_secs_f64();
+    let peer_exits = pair.peer_exits;
+    drop(pair);
+
+    let (predictions, duplicates) = every_record_scored(&address, "soak2-out", records);
+    let files = same_model_as_uninterrupted(&soak_dir, &calm_dir, records);
     let figures = serde_json::json!({
+        "processes": 2,
         "kills": killed,
+        "kills_of_process_0": victims[0],
+        "kills_of_process_1": victims[1],
         "kills_during_a_checkpoint_write": during_write,
+        "peers_that_exited_after_a_kill_and_were_restarted": peer_exits,
         "stream_finished_before_all_kills": finished_early,
         "records": records,
-        "epochs": records / BATCH,
-        "predictions": ids.len(),
+        "epochs_per_worker": records / (2 * BATCH),
+        "predictions": predictions,
         "predictions_repeated_after_restarts": duplicates,
         "checkpoint_files_at_the_end": files,
         "soak_seconds": soak_seconds,
         "seed": seed,
     });
-    println!("{figures:#}");
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/soak.json");
-    std::fs::write(target, format!("{figures:#}\n")).unwrap();
+    write_figures("soak-two-processes.json", &figures);
     assert!(killed >= kills || finished_early, "{figures}");
 }

@@ -263,17 +263,27 @@ pub trait WriteCheckpoints<'scope> {
     /// Saves a checkpoint for every model update once every worker has
     /// reported its source position for that epoch. An epoch some worker
     /// never reported (its stream closed first) gets none: resuming there
-    /// would skip that worker's records.
-    fn write_checkpoints<P>(self, positions: Positions<'scope, P>, store: CheckpointStore) -> Saved<'scope>
+    /// would skip that worker's records. Only worker 0 writes: the other
+    /// workers may pass `None` (a process of a cluster without the directory).
+    fn write_checkpoints<P>(
+        self,
+        positions: Positions<'scope, P>,
+        store: impl Into<Option<CheckpointStore>>,
+    ) -> Saved<'scope>
     where
         P: timely::ExchangeData + Clone + Serialize;
 }
 
 impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
-    fn write_checkpoints<P>(self, positions: Positions<'scope, P>, store: CheckpointStore) -> Saved<'scope>
+    fn write_checkpoints<P>(
+        self,
+        positions: Positions<'scope, P>,
+        store: impl Into<Option<CheckpointStore>>,
+    ) -> Saved<'scope>
     where
         P: timely::ExchangeData + Clone + Serialize,
     {
+        let store = store.into();
         let to_first = Exchange::new(|_: &(usize, P)| 0);
         let scope = self.scope();
         let peers = scope.peers();
@@ -283,7 +293,7 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
             // Checkpoints being written, each epoch's capability held until its write ends.
             let mut writing: BTreeMap<u64, Capability<u64>> = BTreeMap::new();
             // Started by the first checkpoint: only one worker gets any.
-            let mut unstarted = Some((store, scope.worker().sync_activator_for(info.address.to_vec())));
+            let mut unstarted = store.map(|store| (store, scope.worker().sync_activator_for(info.address.to_vec())));
             let mut writer: Option<Result<Writer<P>, String>> = None;
             move |(updates_in, updates_frontier), (positions_in, positions_frontier), output| {
                 updates_in.for_each_stamp(|cap, data| {
@@ -319,9 +329,11 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
                         learner: update.learner,
                         positions: at.into_iter().map(|p| p.1).collect(),
                     };
-                    let w = writer.get_or_insert_with(|| {
-                        let (store, wake) = unstarted.take().expect("the writer starts once");
-                        Writer::start(store, wake).map_err(|e| format!("cannot start the checkpoint writer: {e}"))
+                    let w = writer.get_or_insert_with(|| match unstarted.take() {
+                        Some((store, wake)) => {
+                            Writer::start(store, wake).map_err(|e| format!("cannot start the checkpoint writer: {e}"))
+                        }
+                        None => Err("no checkpoint directory on the worker that writes checkpoints".into()),
                     });
                     let queued = match w {
                         Ok(w) => w.save(checkpoint),

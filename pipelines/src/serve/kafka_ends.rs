@@ -1,0 +1,353 @@
+//! Serve's ends on one worker: its share of the input topic's partitions
+//! in; predictions and dead letters out to Kafka; its source positions, once
+//! delivered, to worker 0 (checkpoints and offset commits). Nothing here is
+//! shared with the other workers but through the dataflow, so a worker runs
+//! the same whether its peers are threads of its process or other processes.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dualgp_connectors::{DeadLetter, DeadLetterProducer, EpochPart, KafkaPosition, KafkaSource, PredictionProducer};
+use dualgp_operators::dataflow::{CheckpointStore, GpStreams, Record, WriteCheckpoints};
+use timely::dataflow::operators::{Input, Inspect, Probe};
+use timely::dataflow::{InputHandleVec, ProbeHandle, Scope};
+use timely::worker::Worker;
+
+use super::commits::{track_commits, Commits};
+use super::signals::Signals;
+use crate::metrics::Metrics;
+use crate::protocol::Standardizer;
+use crate::wiring::Ends;
+
+/// What every worker of one process shares: its metrics, and what tells it to stop.
+#[derive(Clone)]
+pub(crate) struct Serving {
+    pub metrics: Metrics,
+    /// Set by SIGINT/SIGTERM: the cluster finishes what it read.
+    pub stop: Arc<AtomicBool>,
+    pub idle_exit: Option<f64>,
+}
+
+/// How a worker's run ended.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerOutcome {
+    pub error: Option<String>,
+    /// Worker 0: the newest epoch checkpointed and the newest committed.
+    pub checkpointed: Option<u64>,
+    pub committed: Option<u64>,
+}
+
+pub(crate) struct KafkaEnds {
+    serving: Serving,
+    scaling: Standardizer,
+    /// `None` where the source could not be opened: the worker reads nothing
+    /// and halts the cluster, but takes part in the dataflow to its end.
+    source: Option<KafkaSource>,
+    predictions: Rc<PredictionProducer>,
+    dead: Rc<DeadLetterProducer>,
+    /// Worker 0's checkpoint directory (process 0 only).
+    store: Option<CheckpointStore>,
+    checkpointing: bool,
+    positions: DeliveredPositions,
+    /// Passes an epoch once every worker has handed its predictions and
+    /// dead letters to its producers.
+    delivery: ProbeHandle<u64>,
+    /// Every epoch before this one is delivered by this worker.
+    delivered: u64,
+    /// When this worker started reading each epoch not yet delivered.
+    read_at: BTreeMap<u64, Instant>,
+    last_input: Instant,
+    signals: Signals,
+    commits: Rc<RefCell<Commits>>,
+    committed: Option<u64>,
+    /// This worker's first error.
+    failure: Rc<RefCell<Option<String>>>,
+    index: usize,
+}
+
+/// What a worker is given to serve with.
+pub(crate) struct Equipment {
+    pub source: Result<KafkaSource, String>,
+    pub predictions: PredictionProducer,
+    pub dead: DeadLetterProducer,
+    pub store: Option<CheckpointStore>,
+    pub checkpointing: bool,
+    pub scaling: Standardizer,
+}
+
+impl KafkaEnds {
+    pub fn new(worker: &Worker, serving: Serving, kit: Equipment) -> Self {
+        let failure = Rc::new(RefCell::new(kit.source.as_ref().err().cloned()));
+        KafkaEnds {
+            serving,
+            scaling: kit.scaling,
+            source: kit.source.ok(),
+            predictions: Rc::new(kit.predictions),
+            dead: Rc::new(kit.dead),
+            store: kit.store,
+            checkpointing: kit.checkpointing,
+            positions: DeliveredPositions::new(worker.index()),
+            delivery: ProbeHandle::new(),
+            delivered: 0,
+            read_at: BTreeMap::new(),
+            last_input: Instant::now(),
+            signals: Signals::new(worker.index(), worker.peers()),
+            commits: Rc::default(),
+            committed: None,
+            failure,
+            index: worker.index(),
+        }
+    }
+
+    pub fn outcome(self) -> WorkerOutcome {
+        WorkerOutcome {
+            error: self.failure.take(),
+            checkpointed: self.commits.borrow().checkpointed,
+            committed: self.committed,
+        }
+    }
+
+    /// Keeps the first error; the next read halts the cluster.
+    fn fail(&self, why: String) {
+        self.failure.borrow_mut().get_or_insert(why);
+    }
+
+    /// Counts what an epoch's read brought and says whether this worker's
+    /// input has been idle for `--idle-exit`.
+    fn note_read(&mut self, part: &EpochPart<KafkaPosition>, streamed: usize) {
+        let m = &self.serving.metrics;
+        m.records_in.inc_by((streamed + part.records.len()) as u64);
+        m.dead_letters.inc_by(part.dead_letters.len() as u64);
+        m.saw_epochs(part.epoch + 1);
+        if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
+            self.last_input = Instant::now();
+        }
+        let idle = self
+            .serving
+            .idle_exit
+            .is_some_and(|limit| self.last_input.elapsed().as_secs_f64() >= limit);
+        self.signals.idle(idle);
+    }
+
+    /// Worker 0: commits the newest positions the checkpoints (or, without,
+    /// every worker's delivery) allow.
+    fn commit(&mut self) {
+        let (ready, error) = {
+            let mut c = self.commits.borrow_mut();
+            (c.ready.take(), c.error.take())
+        };
+        if let Some(why) = error {
+            self.fail(why);
+        }
+        let (Some((epoch, at)), Some(source)) = (ready, self.source.as_ref()) else {
+            return;
+        };
+        if self.committed.is_some_and(|c| c >= epoch) {
+            return;
+        }
+        match source.commit(&at) {
+            Ok(()) => self.committed = Some(epoch),
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
+}
+
+impl Ends for KafkaEnds {
+    const PARK: Option<Duration> = Some(Duration::from_millis(50));
+
+    fn wire<'scope>(&mut self, scope: Scope<'scope, u64>, gp: GpStreams<'scope>, probe: &ProbeHandle<u64>) {
+        self.signals.wire(scope);
+        let (m1, m2, m3) = (
+            self.serving.metrics.clone(),
+            self.serving.metrics.clone(),
+            self.serving.metrics.clone(),
+        );
+        let (f1, f2) = (Rc::clone(&self.failure), Rc::clone(&self.failure));
+        let (p1, d1, scale) = (
+            Rc::clone(&self.predictions),
+            Rc::clone(&self.dead),
+            self.scaling.clone(),
+        );
+        gp.predictions
+            .inspect_core(move |event| {
+                let Ok((_, batch)) = event else { return };
+                let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
+                match p1.send(&out) {
+                    Ok(()) => {
+                        m1.predictions_out.inc_by(out.len() as u64);
+                        out.iter().for_each(|p| m1.observe_staleness(p.staleness()));
+                    }
+                    Err(e) => drop(f1.borrow_mut().get_or_insert(e.to_string())),
+                }
+            })
+            .probe_with(&self.delivery)
+            .probe_with(probe);
+        gp.rejected
+            .inspect_core(move |event| {
+                let Ok((_, batch)) = event else { return };
+                let letters: Vec<DeadLetter> = batch.iter().map(DeadLetter::refused).collect();
+                if let Err(e) = d1.send(&letters) {
+                    f2.borrow_mut().get_or_insert(e.to_string());
+                }
+                m2.dead_letters.inc_by(letters.len() as u64);
+            })
+            .probe_with(&self.delivery)
+            .probe_with(probe);
+        let updates = gp.updates.inspect(move |u| match &u.outcome {
+            Ok(_) => m3.updates.inc(),
+            Err(why) => {
+                m3.updates_failed.inc();
+                tracing::error!(
+                    "epoch {} could not be learned, the model stays as it was: {why}",
+                    u.epoch
+                );
+            }
+        });
+        let positions = scope.input_from(self.positions.handle());
+        let saved = match self.checkpointing {
+            true => Some(
+                updates
+                    .write_checkpoints(positions.clone(), self.store.take())
+                    .probe_with(probe),
+            ),
+            false => {
+                updates.probe_with(probe);
+                None
+            }
+        };
+        track_commits(positions, saved, Rc::clone(&self.commits));
+    }
+
+    fn read(&mut self, worker: &mut Worker, records: &mut InputHandleVec<u64, Record>) -> Option<u64> {
+        if self.serving.stop.load(Ordering::SeqCst) || self.failure.borrow().is_some() {
+            self.signals.halt();
+            return None;
+        }
+        if self.signals.stop_reading() {
+            return None;
+        }
+        let source = self.source.as_mut()?;
+        // A resumed source starts at its checkpoint's epoch, not at 0.
+        records.advance_to(source.epoch());
+        self.read_at.entry(source.epoch()).or_insert_with(Instant::now);
+        // Records go into the dataflow as they are read, so scoring on
+        // arrival does not wait for the epoch to fill.
+        let mut streamed = 0;
+        let scaling = &self.scaling;
+        let read = source.next_epoch_streaming(|arrived| {
+            streamed += arrived.len();
+            for record in arrived.drain(..) {
+                records.send(scaling.record(record));
+            }
+            records.flush();
+            worker.step();
+        });
+        let part = match read {
+            Ok(part) => part,
+            Err(e) => {
+                self.fail(e.to_string());
+                self.signals.halt();
+                return None;
+            }
+        };
+        if let Err(e) = self.dead.send(&part.dead_letters) {
+            self.fail(e.to_string());
+        }
+        self.note_read(&part, streamed);
+        for record in part.records {
+            records.send(self.scaling.record(record));
+        }
+        self.positions.read(part.epoch, part.position);
+        Some(part.epoch)
+    }
+
+    /// Flushes this worker's deliveries for finished epochs and hands their
+    /// positions to worker 0; worker 0 then commits.
+    fn settle(&mut self, _: &ProbeHandle<u64>, _: bool) {
+        let done = self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
+        if done > self.delivered {
+            match self.predictions.flush().and_then(|()| self.dead.flush()) {
+                Ok(()) => {
+                    self.positions.release_before(done);
+                    while let Some(entry) = self.read_at.first_entry().filter(|e| *e.key() < done) {
+                        let latency = entry.remove().elapsed().as_secs_f64();
+                        self.serving.metrics.observe_epoch_latency(latency);
+                    }
+                }
+                // What failed to go out may be lost even if a later flush works.
+                Err(e) => {
+                    self.positions.close();
+                    self.fail(e.to_string());
+                }
+            }
+            self.delivered = done;
+        }
+        if self.index == 0 {
+            self.commit();
+        }
+    }
+
+    /// Delivers what was read, then ends the positions (epochs not released
+    /// by then get no checkpoint) and this worker's signals.
+    fn close(&mut self, worker: &mut Worker, probe: &ProbeHandle<u64>) {
+        if self.failure.borrow().is_some() {
+            self.signals.halt();
+        }
+        while !self.delivery.done() {
+            worker.step_or_park(Self::PARK);
+            self.settle(probe, true);
+        }
+        self.positions.close();
+        self.signals.close();
+    }
+}
+
+/// One worker's source positions after each epoch it read, sent on only
+/// once the epoch's predictions and dead letters are delivered: a checkpoint
+/// or a commit never covers an epoch a restart would not score.
+struct DeliveredPositions {
+    handle: Option<InputHandleVec<u64, (usize, KafkaPosition)>>,
+    worker: usize,
+    read: VecDeque<(u64, KafkaPosition)>,
+}
+
+impl DeliveredPositions {
+    fn new(worker: usize) -> Self {
+        DeliveredPositions {
+            handle: Some(InputHandleVec::new()),
+            worker,
+            read: VecDeque::new(),
+        }
+    }
+
+    fn handle(&mut self) -> &mut InputHandleVec<u64, (usize, KafkaPosition)> {
+        self.handle.get_or_insert_with(InputHandleVec::new)
+    }
+
+    fn read(&mut self, epoch: u64, position: KafkaPosition) {
+        self.read.push_back((epoch, position));
+    }
+
+    /// Sends the positions of every epoch before `delivered` and holds the
+    /// stream at the oldest epoch still undelivered.
+    fn release_before(&mut self, delivered: u64) {
+        let Some(handle) = self.handle.as_mut() else { return };
+        while let Some((epoch, position)) = self.read.pop_front_if(|(e, _)| *e < delivered) {
+            handle.advance_to(epoch);
+            handle.send((self.worker, position));
+        }
+        let hold = self.read.front().map_or(delivered, |(e, _)| *e);
+        if hold > *handle.time() {
+            handle.advance_to(hold);
+        }
+    }
+
+    /// Ends the stream; epochs not released by then get no checkpoint.
+    fn close(&mut self) {
+        self.handle = None;
+    }
+}
