@@ -704,6 +704,9 @@ impl SequentialLearner {
                         Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,
                         Err(e) => Err(e),
                     };
+                    if let Ok((value, _)) = &outcome {
+                        tracing::trace!(value, theta = ?theta.as_slice(), "m-step evaluation");
+                    }
                     search.tell(outcome)?;
                 }
                 self.curvature = search.curvature();

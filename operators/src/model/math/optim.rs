@@ -106,6 +106,8 @@ pub struct Lbfgs {
     fx: f64,
     gx: DVector<f64>,
     pairs: Vec<(DVector<f64>, DVector<f64>, f64)>,
+    /// How many of `pairs` (the oldest) came from another search.
+    inherited: usize,
     /// An iteration that gains less than this ends the search.
     tolerance: f64,
     /// The line search under way; `None` once finished.
@@ -136,6 +138,7 @@ impl Lbfgs {
             fx: f64::NAN,
             gx: DVector::zeros(0),
             pairs: Vec::new(),
+            inherited: 0,
             tolerance: 0.0,
             trial: None,
         }
@@ -154,6 +157,7 @@ impl Lbfgs {
         self.pairs = curvature.pairs.into_iter().filter(|(s, _, _)| s.len() == n).collect();
         let surplus = self.pairs.len().saturating_sub(self.history);
         self.pairs.drain(..surplus);
+        self.inherited = self.pairs.len();
         self
     }
 
@@ -187,10 +191,21 @@ impl Lbfgs {
             _ => None,
         };
         let Some((f_new, g_new)) = accepted else {
+            if self.inherited > 0 {
+                // The objective has changed more than the inherited curvature
+                // knows: plan again from what this search learned alone.
+                self.pairs.drain(..self.inherited);
+                self.inherited = 0;
+                self.trial = None;
+                self.plan();
+                return Ok(());
+            }
             trial.halvings += 1;
             trial.step *= 0.5;
             trial.x = &self.x + trial.step * &trial.dir;
-            if trial.halvings == MAX_HALVINGS {
+            // A step whose first-order gain is below the tolerance cannot make
+            // an iteration worth its evaluation: the search is over.
+            if trial.halvings == MAX_HALVINGS || trial.step * -trial.slope < self.tolerance {
                 self.trial = None;
             }
             return Ok(());
@@ -202,6 +217,7 @@ impl Lbfgs {
         if sy > 1e-12 {
             if self.pairs.len() == self.history {
                 self.pairs.remove(0);
+                self.inherited = self.inherited.saturating_sub(1);
             }
             self.pairs.push((s, y, 1.0 / sy));
         }
@@ -230,6 +246,7 @@ impl Lbfgs {
         if dir.dot(&self.gx) >= 0.0 {
             dir = -self.gx.clone(); // not a descent direction: restart from steepest descent
             self.pairs.clear();
+            self.inherited = 0;
         }
         // The first step has no curvature information: keep it short. No step
         // moves a log-parameter by more than MAX_MOVE.
@@ -338,6 +355,22 @@ mod tests {
             warm_evaluations < cold_evaluations,
             "warm {warm_evaluations}, cold {cold_evaluations}"
         );
+    }
+
+    #[test]
+    fn a_line_search_gives_up_once_its_step_can_gain_less_than_the_tolerance() {
+        // The gradient promises ascent, but every move lowers the value (an
+        // objective whose evaluations are slightly noisy looks like this near its top).
+        let spike = |x: &DVector<f64>| Ok((if x[0] == 0.0 { 0.0 } else { -1.0 }, DVector::from_element(1, 1.0)));
+        let evaluations = |tolerance: f64| {
+            solve(
+                &mut Lbfgs::new(DVector::zeros(1), 100, 10).with_tolerance(tolerance),
+                spike,
+            )
+        };
+        // Steps 1, 1/2, 1/4 and 1/8 can gain 0.1 or more to first order; 1/16 cannot.
+        assert_eq!(evaluations(0.1), 1 + 4);
+        assert_eq!(evaluations(0.0), 1 + MAX_HALVINGS);
     }
 
     #[test]
