@@ -20,8 +20,14 @@ use crate::serve::ServeArgs;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (a multi-output model)
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output).
+    pub latents: Option<usize>,
+    /// A multi-output model's predictions also hold every output's predictive.
+    #[serde(default)]
+    pub predict_all_outputs: bool,
     #[serde(default = "one")]
     pub workers: usize,
     /// Epochs read ahead of the learner at most.
@@ -135,6 +141,8 @@ impl PipelineConfig {
                     data: path.clone(),
                     output,
                     likelihood: self.likelihood.clone(),
+                    latents: self.latents,
+                    predict_all_outputs: self.predict_all_outputs,
                     batch_size: *batch_size,
                     workers,
                     cluster: cluster.clone(),
@@ -167,6 +175,8 @@ impl PipelineConfig {
                     input_topic: topic.clone(),
                     output_topic,
                     likelihood: self.likelihood.clone(),
+                    latents: self.latents,
+                    predict_all_outputs: self.predict_all_outputs,
                     batch_size: *batch_size as usize,
                     batch_timeout_ms: *batch_timeout_ms,
                     workers,

@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{
     ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochPart, EpochRule, Origin, ParquetPosition,
-    ParquetSource, ParquetSourceConfig, PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
+    ParquetSource, ParquetSourceConfig, PredictionColumns, PredictionWriter, ReasonKind, WorkerShare,
 };
 use dualgp_operators::dataflow::{GpOptions, GpStreams, ModelUpdate, Prediction, Record, Rejected, Scoring};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
@@ -41,9 +41,17 @@ pub struct ReplayArgs {
     /// Predictions: one row per input row (`id`, `epoch`, `mean`/`var` or class probabilities).
     #[arg(long)]
     pub output: PathBuf,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (`--likelihood gaussian,bernoulli`)
     #[arg(long)]
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output)
+    #[arg(long)]
+    pub latents: Option<usize>,
+    /// A multi-output model's rows also hold every output's predictive
+    /// (`output{d}_mean`, `output{d}_var`, `output{d}_p1`, …).
+    #[arg(long)]
+    pub predict_all_outputs: bool,
     /// Rows per epoch: the model learns after each.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: u64,
@@ -209,7 +217,8 @@ type Written = (Gathered, Sinks);
 /// predictions, the dead letters and the report: the others return `None`.
 pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<Option<ReplayOutcome>> {
     let timely_config = args.cluster.timely_config(args.workers)?;
-    let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood =
+        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
     if args.batch_size == 0 {
         bail!("--batch-size 0: give at least one row per epoch");
@@ -236,6 +245,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
             learner,
             options: GpOptions {
                 scoring: args.scoring,
+                predict_all_outputs: args.predict_all_outputs,
                 ..GpOptions::new(d)
             },
             epochs_in_flight: args.epochs_in_flight,
@@ -496,8 +506,8 @@ impl Sinks {
         n_epochs: u64,
         progress: Box<dyn FnMut(u64, u64) + Send>,
     ) -> Result<Sinks> {
-        let layout = PredictionLayout::for_likelihood(likelihood);
-        let predictions = PredictionWriter::create(&args.output, layout)
+        let columns = PredictionColumns::for_likelihood(likelihood, args.predict_all_outputs);
+        let predictions = PredictionWriter::create(&args.output, columns)
             .with_context(|| format!("cannot write predictions to {}", args.output.display()))?;
         let dead_path = args
             .dead_letters

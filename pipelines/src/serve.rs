@@ -53,9 +53,17 @@ pub struct ServeArgs {
     pub input_topic: String,
     #[arg(long)]
     pub output_topic: String,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (messages then carry `"output": d`)
     #[arg(long)]
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output)
+    #[arg(long)]
+    pub latents: Option<usize>,
+    /// A multi-output model's predictions also hold every output's
+    /// predictive: `"outputs": [{"mean":…,"var":…}, {"p":[…]}, …]`.
+    #[arg(long)]
+    pub predict_all_outputs: bool,
     /// Records per epoch and worker: the model learns after each epoch.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
@@ -141,7 +149,8 @@ pub(crate) const SCALING_FILE: &str = "scaling.json";
 
 /// Serves until `stop` is set (SIGINT/SIGTERM), `--idle-exit`, or an error.
 pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
-    let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood =
+        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
     check_workers(args.workers)?;
     args.cluster.require_one_process("serve")?;
@@ -202,6 +211,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         options: GpOptions {
             scoring: args.scoring,
             learned_through: resumed.as_ref().map(|c| c.epoch),
+            predict_all_outputs: args.predict_all_outputs,
             ..GpOptions::new(d)
         },
         // Serve's inducing inputs are the learner's choice (no first rows).
