@@ -100,6 +100,11 @@ pub struct ReplayReport {
     pub prequential_rmse: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prequential_accuracy: Option<f64>,
+    /// A multi-output model's prequential NLPD of each output's labelled
+    /// rows, keyed by output (`"0"`, `"1"`, …; outputs without labelled rows
+    /// left out); absent for a single-output model.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub prequential_nlpd_by_output: BTreeMap<String, f64>,
     /// Epochs whose batch could not be learned, with the reason (the model stayed as it was).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_updates: Vec<(u64, String)>,
@@ -279,6 +284,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         prequential_nlpd: scores.nlpd(),
         prequential_rmse: scores.rmse(),
         prequential_accuracy: scores.accuracy(),
+        prequential_nlpd_by_output: scores.nlpd_by_output(),
         failed_updates: gathered.failed_updates,
         epoch_scores: scores.epochs,
     };
@@ -601,6 +607,9 @@ struct Scores {
     squared_error: f64,
     hits: u64,
     classes: bool,
+    /// A multi-output model's labelled rows and their summed negative log
+    /// densities, by output.
+    by_output: BTreeMap<usize, (u64, f64)>,
     epochs: Vec<EpochScore>,
     error: Option<String>,
 }
@@ -610,6 +619,11 @@ impl Scores {
         let Some(log_density) = p.log_density else { return };
         self.labelled += 1;
         self.neg_log_density -= log_density;
+        if let Some(d) = p.output {
+            let (n, sum) = self.by_output.entry(d).or_default();
+            *n += 1;
+            *sum -= log_density;
+        }
         match &p.predictive {
             Predictive::Moments { mean, .. } => self.squared_error += (mean - y).powi(2),
             Predictive::Classes(probs) => {
@@ -638,6 +652,18 @@ impl Scores {
         self.squared_error += epoch.squared_error;
         self.hits += epoch.hits;
         self.classes |= epoch.classes;
+        for (d, (n, sum)) in epoch.by_output {
+            let (total_n, total_sum) = self.by_output.entry(d).or_default();
+            *total_n += n;
+            *total_sum += sum;
+        }
+    }
+
+    fn nlpd_by_output(&self) -> BTreeMap<String, f64> {
+        self.by_output
+            .iter()
+            .map(|(d, (n, sum))| (d.to_string(), sum / *n as f64))
+            .collect()
     }
 
     fn nlpd(&self) -> f64 {

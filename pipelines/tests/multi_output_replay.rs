@@ -124,6 +124,17 @@ fn replayed_predictions_of_each_output_are_the_final_models_by_the_library() {
     let outcome = replay::run(&args(&data, &output), |_, _| {}).unwrap().unwrap();
     assert_eq!(outcome.report.records, rows.len() as u64);
     assert_eq!(outcome.report.dead_letters, 0);
+    // Each output's prequential NLPD, pooled into the report's one by row counts.
+    let report = &outcome.report;
+    let by_output = &report.prequential_nlpd_by_output;
+    assert_eq!(by_output.keys().collect::<Vec<_>>(), ["0", "1"]);
+    let labelled = |d: i64| rows.iter().filter(|r| r.1.is_some() && r.2 == d).count() as f64;
+    let pooled = (by_output["0"] * labelled(0) + by_output["1"] * labelled(1)) / (labelled(0) + labelled(1));
+    assert!(
+        close(pooled, report.prequential_nlpd),
+        "{pooled} vs {}",
+        report.prequential_nlpd
+    );
     // The last update is that of the last labelled epoch: the query epoch
     // (no labels) is scored by the model the replay ends with.
     let last_update = outcome.hyperparameters.last().map(|(epoch, _)| *epoch);

@@ -149,7 +149,10 @@ fn serve_scores_each_messages_output_and_every_output_as_the_checkpointed_model_
     let stdout = serve(&address, checkpoints.path());
     // The refused label decodes (a multi-output model checks labels by output), so it counts as read.
     assert!(stdout.contains(&format!("{} records scored", LABELLED + 1)), "{stdout}");
-    assert!(stdout.contains(&format!("{} dead letters", bad.len())), "counted: {stdout}");
+    assert!(
+        stdout.contains(&format!("{} dead letters", bad.len())),
+        "counted: {stdout}"
+    );
 
     let predictions = consume_all(&address, "out", LABELLED);
     assert_eq!(predictions.len(), LABELLED, "each good message scored once");
