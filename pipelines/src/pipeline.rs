@@ -242,6 +242,39 @@ mod tests {
         assert_eq!(args.output, PathBuf::from("predictions.parquet"));
     }
 
+    /// A multi-output pipeline file reaches replay and serve with its
+    /// latents and whether every output is predicted.
+    #[test]
+    fn a_multi_output_pipeline_file_passes_its_outputs_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        let parquet = "likelihood = \"gaussian,bernoulli\"\nlatents = 2\npredict_all_outputs = true\n\
+                       [source.parquet]\npath = \"a\"\n[sinks]\npredictions = \"p.parquet\"\n";
+        std::fs::write(&path, parquet).unwrap();
+        let config = PipelineConfig::read(&path).unwrap();
+        let Job::Replay(args) = config
+            .job(None, &ClusterArgs::default(), &ModelArgs::default())
+            .unwrap()
+        else {
+            panic!("a Parquet source is a replay");
+        };
+        assert_eq!(
+            (args.likelihood.as_str(), args.latents, args.predict_all_outputs),
+            ("gaussian,bernoulli", Some(2), true)
+        );
+        let kafka = "likelihood = \"gaussian,bernoulli\"\n[source.kafka]\nbrokers = \"b\"\ntopic = \"in\"\n\
+                     [sinks]\ntopic = \"out\"\n";
+        std::fs::write(&path, kafka).unwrap();
+        let config = PipelineConfig::read(&path).unwrap();
+        let Job::Serve(args) = config
+            .job(None, &ClusterArgs::default(), &ModelArgs::default())
+            .unwrap()
+        else {
+            panic!("a Kafka source is a serve");
+        };
+        assert_eq!((args.latents, args.predict_all_outputs), (None, false));
+    }
+
     #[test]
     fn mistakes_in_the_file_are_one_line_naming_it() {
         let dir = tempfile::tempdir().unwrap();
