@@ -510,6 +510,39 @@ mod tests {
         assert!(dead.iter().any(|d| d.reason.kind() == ReasonKind::Undecodable));
     }
 
+    /// Arrow IPC rows of a multi-output model carry the `output` column:
+    /// a bad index is that row's dead letter, a message without the column
+    /// one dead letter for the whole message.
+    #[test]
+    fn arrow_ipc_messages_of_a_multi_output_model_need_the_output_column() {
+        use dualgp_operators::model::Likelihood;
+        let two = Likelihood::parse_outputs("gaussian,poisson", None).unwrap();
+        let mut d = MessageDecoder::new(&ColumnMapping::for_likelihood(&two), MessageFormat::Auto);
+        let bytes = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![1, 2, 3]))),
+            ("x0", Arc::new(Float64Array::from(vec![0.1, 0.2, 0.3]))),
+            ("y", Arc::new(Float64Array::from(vec![0.5, 2.0, 1.0]))),
+            ("output", Arc::new(Int64Array::from(vec![0, 1, 5]))),
+        ]);
+        let (r, dead) = decode(&mut d, &bytes);
+        // Rows 0 and 1, then the second batch's copy of row 1.
+        let outputs: Vec<(i64, usize)> = r.iter().map(|r| (r.id, r.output)).collect();
+        assert_eq!(outputs, [(1, 0), (2, 1), (2, 1)]);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].origin.to_string(), "in/0@9 row 2");
+        assert_eq!(dead[0].reason.kind(), ReasonKind::InvalidOutput);
+
+        let without = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![4, 5]))),
+            ("x0", Arc::new(Float64Array::from(vec![0.1, 0.2]))),
+            ("y", Arc::new(Float64Array::from(vec![0.5, 1.0]))),
+        ]);
+        let (r, dead) = decode(&mut d, &without);
+        assert!(r.is_empty());
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason, Reason::MissingField { field: "output".into() });
+    }
+
     #[test]
     fn long_payloads_are_capped() {
         let long = format!(r#"{{"id": "{}"}}"#, "é".repeat(MAX_PAYLOAD_TEXT));
