@@ -92,11 +92,16 @@ pub struct ArrowDecoder {
     event_time: Option<String>,
     /// Seconds per unit, when the event time is an Arrow timestamp.
     time_scale: Option<f64>,
+    /// The output column, when the schema has one (else every row observes output 0).
+    output: Option<String>,
+    /// Checks output indices against the model's outputs.
+    mapping: ColumnMapping,
 }
 
 impl ArrowDecoder {
     /// Resolve and type-check `mapping`'s columns in `schema`. A label column
-    /// the schema lacks is an error too: leave `label` unset for score-only streams.
+    /// the schema lacks is an error too: leave `label` unset for score-only
+    /// streams. So is a missing output column when the model has several outputs.
     pub fn new(mapping: &ColumnMapping, schema: &Schema) -> Result<Self, SchemaError> {
         let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         let owned = || available.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -154,7 +159,19 @@ impl ArrowDecoder {
             },
             None => None,
         };
+        let output = match schema.field_with_name(&mapping.output) {
+            Ok(_) => Some(field(&mapping.output, INTEGER, is_integer).map(|_| mapping.output.clone())?),
+            Err(_) if mapping.requires_output() => {
+                return Err(SchemaError::MissingColumn {
+                    column: mapping.output.clone(),
+                    available: owned(),
+                })
+            }
+            Err(_) => None,
+        };
         Ok(ArrowDecoder {
+            output,
+            mapping: mapping.clone(),
             id: mapping.id.clone(),
             features,
             label: mapping.label.clone(),
@@ -174,6 +191,7 @@ impl ArrowDecoder {
         c.extend(self.features.iter().map(String::as_str));
         c.extend(self.label.as_deref());
         c.extend(self.event_time.as_deref());
+        c.extend(self.output.as_deref());
         c
     }
 
@@ -245,6 +263,7 @@ struct Columns {
     features: Vec<(ArrayRef, Float64Array)>,
     label: Option<(ArrayRef, Float64Array)>,
     time: Option<(ArrayRef, Float64Array)>,
+    output: Option<(ArrayRef, Int64Array)>,
 }
 
 impl Columns {
@@ -287,12 +306,20 @@ impl Columns {
                 Some((raw, seconds))
             }
         };
+        let output = match &dec.output {
+            Some(name) => {
+                let (raw, converted) = convert(name, &DataType::Int64)?;
+                Some((raw, converted.as_primitive::<Int64Type>().clone()))
+            }
+            None => None,
+        };
         Ok(Columns {
             id_raw,
             id,
             features,
             label,
             time,
+            output,
         })
     }
 
@@ -322,8 +349,24 @@ impl Columns {
             (Some((_, values)), Some(name)) => Some(finite(values, r, name)?),
             _ => None,
         };
+        let output = match &self.output {
+            Some((raw, _)) if raw.is_null(r) => {
+                return Err(Reason::Null {
+                    field: dec.mapping.output.clone(),
+                })
+            }
+            // A uint64 beyond int64 is null after the checked cast: no output either.
+            Some((raw, values)) if values.is_null(r) => {
+                return Err(Reason::InvalidOutput {
+                    value: text(raw, r),
+                    outputs: dec.mapping.outputs,
+                })
+            }
+            Some((_, values)) => dec.mapping.output_index(values.value(r))?,
+            None => 0,
+        };
         Ok(DecodedRow {
-            record: Record::new(self.id.value(r), features, label),
+            record: Record::new(self.id.value(r), features, label).with_output(output),
             event_time,
         })
     }
@@ -339,6 +382,9 @@ impl Columns {
             obj.insert(name.clone(), json_value(raw, r));
         }
         if let (Some((raw, _)), Some(name)) = (&self.time, &dec.event_time) {
+            obj.insert(name.clone(), json_value(raw, r));
+        }
+        if let (Some((raw, _)), Some(name)) = (&self.output, &dec.output) {
             obj.insert(name.clone(), json_value(raw, r));
         }
         serde_json::Value::Object(obj).to_string()
@@ -376,5 +422,126 @@ fn json_value(array: &ArrayRef, r: usize) -> serde_json::Value {
     match s.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
         Some(n) => serde_json::Value::Number(n),
         None => serde_json::Value::String(s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Float64Array, Int64Array, StringArray, UInt64Array};
+    use arrow::datatypes::Field;
+    use dualgp_operators::model::Likelihood;
+
+    use super::*;
+    use crate::ReasonKind;
+
+    fn batch(output: Option<ArrayRef>) -> RecordBatch {
+        let mut columns: Vec<(&str, ArrayRef)> = vec![
+            ("id", Arc::new(Int64Array::from(vec![0, 1, 2, 3]))),
+            ("x0", Arc::new(Float64Array::from(vec![0.1, 0.2, 0.3, 0.4]))),
+            ("y", Arc::new(Float64Array::from(vec![1.0, 0.0, 1.0, 0.5]))),
+        ];
+        columns.extend(output.map(|o| ("output", o)));
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+            .collect();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(fields)),
+            columns.into_iter().map(|c| c.1).collect(),
+        )
+        .unwrap()
+    }
+
+    fn two_outputs() -> ColumnMapping {
+        ColumnMapping::for_likelihood(&Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap())
+    }
+
+    /// `(id, output)` of each good row.
+    type Good = Vec<(i64, usize)>;
+    /// `(row, reason kind)` of each bad row.
+    type Bad = Vec<(u64, ReasonKind)>;
+
+    /// Good rows with their outputs, and the kinds of the bad rows' reasons.
+    fn decode(mapping: &ColumnMapping, batch: &RecordBatch) -> (Good, Bad) {
+        let decoder = ArrowDecoder::new(mapping, &batch.schema()).unwrap();
+        let (mut rows, mut dead) = (Vec::new(), Vec::new());
+        let origin = |row: usize| Origin::File {
+            path: "f".into(),
+            row: row as u64,
+        };
+        decoder.decode(batch, &origin, &mut rows, &mut dead).unwrap();
+        let good = rows.iter().map(|r| (r.record.id, r.record.output)).collect();
+        let bad = dead
+            .iter()
+            .map(|d| match d.origin {
+                Origin::File { row, .. } => (row, d.reason.kind()),
+                _ => unreachable!("file rows"),
+            })
+            .collect();
+        (good, bad)
+    }
+
+    #[test]
+    fn the_output_column_gives_each_row_its_output_and_bad_indices_are_dead_letters() {
+        let output: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(2), None, Some(-1)]));
+        let (good, bad) = decode(&two_outputs(), &batch(Some(output)));
+        assert_eq!(good, [(0, 1)]);
+        assert_eq!(
+            bad,
+            [
+                (1, ReasonKind::InvalidOutput),
+                (2, ReasonKind::Null),
+                (3, ReasonKind::InvalidOutput)
+            ]
+        );
+        // A uint64 beyond int64 is no output index either, not a wrapped one.
+        let huge: ArrayRef = Arc::new(UInt64Array::from(vec![0, 1, u64::MAX, 0]));
+        let (good, bad) = decode(&two_outputs(), &batch(Some(huge)));
+        assert_eq!(good, [(0, 0), (1, 1), (3, 0)]);
+        assert_eq!(bad, [(2, ReasonKind::InvalidOutput)]);
+    }
+
+    #[test]
+    fn a_dead_letter_of_a_bad_output_carries_the_output_in_its_payload() {
+        let decoder = ArrowDecoder::new(&two_outputs(), &batch(None).schema());
+        assert!(decoder.is_err(), "checked below");
+        let output: ArrayRef = Arc::new(Int64Array::from(vec![0, 0, 0, 7]));
+        let b = batch(Some(output));
+        let decoder = ArrowDecoder::new(&two_outputs(), &b.schema()).unwrap();
+        let (mut rows, mut dead) = (Vec::new(), Vec::new());
+        let origin = |row: usize| Origin::File {
+            path: "f".into(),
+            row: row as u64,
+        };
+        decoder.decode(&b, &origin, &mut rows, &mut dead).unwrap();
+        assert_eq!(dead.len(), 1);
+        assert!(dead[0].payload.contains(r#""output":7"#), "{}", dead[0].payload);
+        assert!(dead[0].reason.to_string().contains("0..2"), "{}", dead[0].reason);
+    }
+
+    #[test]
+    fn without_an_output_column_a_single_output_model_reads_output_zero_and_a_multi_output_one_refuses() {
+        let (good, bad) = decode(&ColumnMapping::default(), &batch(None));
+        assert_eq!(good.iter().map(|g| g.1).collect::<Vec<_>>(), [0, 0, 0, 0]);
+        assert!(bad.is_empty());
+        let err = ArrowDecoder::new(&two_outputs(), &batch(None).schema()).unwrap_err();
+        assert!(
+            matches!(&err, SchemaError::MissingColumn { column, .. } if column == "output"),
+            "{err}"
+        );
+        // A single-output model given an output column takes only output 0.
+        let output: ArrayRef = Arc::new(Int64Array::from(vec![0, 1, 0, 0]));
+        let (good, bad) = decode(&ColumnMapping::default(), &batch(Some(output)));
+        assert_eq!(good.len(), 3);
+        assert_eq!(bad, [(1, ReasonKind::InvalidOutput)]);
+        // An output column of another type is the source's error, named.
+        let text: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+        let err = ArrowDecoder::new(&two_outputs(), &batch(Some(text)).schema()).unwrap_err();
+        assert!(
+            matches!(&err, SchemaError::WrongType { column, .. } if column == "output"),
+            "{err}"
+        );
     }
 }

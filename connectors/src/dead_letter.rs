@@ -68,6 +68,8 @@ pub enum Reason {
     InvalidLabel { value: String, expected: String },
     #[error("id {value} does not fit in int64")]
     IdOutOfRange { value: String },
+    #[error("output {value} is invalid: expected an output index in 0..{outputs} (the model has {outputs} output(s))")]
+    InvalidOutput { value: String, outputs: usize },
     #[error("features {found} do not match the stream's {expected}")]
     FeatureMismatch { expected: String, found: String },
     #[error("cannot decode the message: {detail}")]
@@ -88,6 +90,8 @@ pub enum ReasonKind {
     WrongType,
     InvalidLabel,
     IdOutOfRange,
+    /// An output index outside the model's outputs (multi-output models).
+    InvalidOutput,
     FeatureMismatch,
     Undecodable,
     Late,
@@ -104,6 +108,7 @@ impl ReasonKind {
             ReasonKind::WrongType => "wrong_type",
             ReasonKind::InvalidLabel => "invalid_label",
             ReasonKind::IdOutOfRange => "id_out_of_range",
+            ReasonKind::InvalidOutput => "invalid_output",
             ReasonKind::FeatureMismatch => "feature_mismatch",
             ReasonKind::Undecodable => "undecodable",
             ReasonKind::Late => "late",
@@ -127,6 +132,7 @@ impl Reason {
             Reason::WrongType { .. } => ReasonKind::WrongType,
             Reason::InvalidLabel { .. } => ReasonKind::InvalidLabel,
             Reason::IdOutOfRange { .. } => ReasonKind::IdOutOfRange,
+            Reason::InvalidOutput { .. } => ReasonKind::InvalidOutput,
             Reason::FeatureMismatch { .. } => ReasonKind::FeatureMismatch,
             Reason::Undecodable { .. } => ReasonKind::Undecodable,
             Reason::Late { .. } => ReasonKind::Late,

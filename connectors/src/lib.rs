@@ -24,6 +24,7 @@ pub mod mapping;
 mod parquet_check;
 pub mod parquet_sink;
 pub mod parquet_source;
+pub mod prediction_columns;
 pub mod table;
 
 pub use arrow_decode::{ArrowDecoder, DecodedRow, SchemaError};
@@ -37,6 +38,6 @@ pub use kafka::{
     PredictionProducer, StartOffset,
 };
 pub use mapping::{ColumnMapping, LabelKind};
-pub use parquet_sink::{DeadLetterWriter, PredictionLayout, PredictionWriter};
+pub use parquet_sink::{DeadLetterWriter, PredictionColumns, PredictionLayout, PredictionWriter};
 pub use parquet_source::{EpochRule, ParquetPosition, ParquetSource, ParquetSourceConfig};
 pub use table::{shared_data, shared_dir, Column, ColumnSpec, Features, Table, TableError, UnresolvedFeatures};

@@ -9,6 +9,8 @@
 //! label = "y"                     # omit for a stream that is only scored
 //! labels = { classes = 2 }        # or "real" (default) or "count"
 //! event_time = "t"                # optional
+//! output = "output"               # which output a record observes
+//! outputs = 2                     # the model's outputs (default 1)
 //! ```
 
 use dualgp_operators::model::Likelihood;
@@ -36,6 +38,13 @@ pub struct ColumnMapping {
     /// A column of event times (numbers in the column's own unit, or Arrow
     /// timestamps in seconds since the Unix epoch), for event-time epochs.
     pub event_time: Option<String>,
+    /// The integer column (or JSON field) naming the output a record
+    /// observes, `0..outputs`. Without it a record observes output 0, which
+    /// only a single-output model accepts.
+    pub output: String,
+    /// The model's outputs: 1 for a single-output model; above 1 the output
+    /// column is required.
+    pub outputs: usize,
 }
 
 impl Default for ColumnMapping {
@@ -47,6 +56,8 @@ impl Default for ColumnMapping {
             label: Some("y".into()),
             labels: LabelKind::Real,
             event_time: None,
+            output: "output".into(),
+            outputs: 1,
         }
     }
 }
@@ -55,7 +66,10 @@ impl ColumnMapping {
     /// The default layout with labels checked for `likelihood`: class indices,
     /// counts or real numbers.
     pub fn for_likelihood(likelihood: &Likelihood) -> Self {
-        let mapping = ColumnMapping::default();
+        let mapping = ColumnMapping {
+            outputs: likelihood.n_outputs(),
+            ..ColumnMapping::default()
+        };
         match likelihood {
             Likelihood::Bernoulli { .. } => mapping.with_classes(2),
             Likelihood::Softmax { classes, .. } => mapping.with_classes(*classes),
@@ -95,6 +109,22 @@ impl ColumnMapping {
     pub fn with_dimension(mut self, d: usize) -> Self {
         self.dimension = Some(d);
         self
+    }
+
+    /// Whether every record must say which output it observes.
+    pub fn requires_output(&self) -> bool {
+        self.outputs > 1
+    }
+
+    /// `value` as an output index of this mapping's model, or why it is not one.
+    pub fn output_index(&self, value: i64) -> Result<usize, Reason> {
+        match usize::try_from(value) {
+            Ok(d) if d < self.outputs => Ok(d),
+            _ => Err(Reason::InvalidOutput {
+                value: value.to_string(),
+                outputs: self.outputs,
+            }),
+        }
     }
 
     /// The feature names when they can be known without a schema: explicit
@@ -161,6 +191,24 @@ mod tests {
         assert!(LabelKind::Count.check(7.0).is_ok());
         assert!(LabelKind::Count.check(-1.0).is_err());
         assert!(LabelKind::Real.check(f64::INFINITY).is_err());
+    }
+
+    #[test]
+    fn output_indices_must_name_one_of_the_models_outputs() {
+        let two = ColumnMapping::for_likelihood(&Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap());
+        assert!(two.requires_output());
+        assert_eq!(two.output_index(1), Ok(1));
+        for bad in [2, -1, i64::MIN] {
+            assert_eq!(
+                two.output_index(bad).unwrap_err().kind(),
+                crate::ReasonKind::InvalidOutput
+            );
+        }
+        let one = ColumnMapping::default();
+        assert!(!one.requires_output());
+        assert_eq!(one.output_index(0), Ok(0));
+        let refused = one.output_index(1).unwrap_err().to_string();
+        assert!(refused.contains("output 1") && refused.contains("0..1"), "{refused}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! Prediction columns: `id` (int64), `epoch` (uint64), then by
 //! [`PredictionLayout`]: `mean`, `var` (float64); `p1` (Bernoulli: the
 //! probability of class 1 only, as the `replay` contract of `../shared/docs/EVALUATION.md` says);
-//! or `p0..p{C-1}`.
+//! or `p0..p{C-1}`. A multi-output model's files have the columns of
+//! [`PredictionColumns::Multi`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::atomic_parquet::AtomicParquet;
 use crate::dead_letter::DeadLetter;
 use crate::error::SinkError;
+pub use crate::prediction_columns::PredictionColumns;
 
 /// Which predictive columns a sink writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +34,8 @@ pub enum PredictionLayout {
 }
 
 impl PredictionLayout {
-    /// The layout a likelihood's predictions have.
+    /// The layout a likelihood's predictions have; for a multi-output
+    /// model, output 0's (its files use [`PredictionColumns::for_likelihood`]).
     pub fn for_likelihood(likelihood: &Likelihood) -> Self {
         match likelihood {
             Likelihood::Bernoulli { .. } => PredictionLayout::Bernoulli,
@@ -40,7 +43,6 @@ impl PredictionLayout {
             Likelihood::Gaussian { .. } | Likelihood::Poisson | Likelihood::StudentT { .. } => {
                 PredictionLayout::Moments
             }
-            // One layout per file: that of output 0 (the sink of one output's stream).
             Likelihood::MultiOutput(multi) => PredictionLayout::for_likelihood(&multi.outputs[0]),
         }
     }
@@ -57,7 +59,17 @@ impl PredictionLayout {
     /// Append `p`'s predictive values to `columns` (one per value column),
     /// or say why they do not fit this layout.
     pub(crate) fn push(self, p: &Prediction, columns: &mut [Vec<f64>]) -> Result<(), SinkError> {
-        let values: &[f64] = match (self, &p.predictive) {
+        self.push_predictive(p.id, &p.predictive, columns)
+    }
+
+    /// Append the values of record `id`'s `predictive` to `columns`.
+    pub(crate) fn push_predictive(
+        self,
+        id: i64,
+        predictive: &Predictive,
+        columns: &mut [Vec<f64>],
+    ) -> Result<(), SinkError> {
+        let values: &[f64] = match (self, predictive) {
             (PredictionLayout::Moments, Predictive::Moments { mean, var }) => {
                 columns[0].push(*mean);
                 columns[1].push(*var);
@@ -67,7 +79,7 @@ impl PredictionLayout {
             (PredictionLayout::Classes(c), Predictive::Classes(probs)) if probs.len() == c => probs,
             (_, found) => {
                 return Err(SinkError::Layout {
-                    id: p.id,
+                    id,
                     found: match found {
                         Predictive::Moments { .. } => "a mean and a variance".into(),
                         Predictive::Classes(probs) => format!("{} class probabilities", probs.len()),
@@ -82,7 +94,7 @@ impl PredictionLayout {
         Ok(())
     }
 
-    fn describe(self) -> String {
+    pub(crate) fn describe(self) -> String {
         match self {
             PredictionLayout::Moments => "a mean and a variance".into(),
             PredictionLayout::Bernoulli => "2 class probabilities".into(),
@@ -90,36 +102,54 @@ impl PredictionLayout {
         }
     }
 
-    fn schema(self) -> SchemaRef {
-        let mut fields = vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("epoch", DataType::UInt64, false),
-        ];
-        fields.extend(
-            self.value_columns()
-                .into_iter()
-                .map(|c| Field::new(c, DataType::Float64, false)),
-        );
-        fields.push(Field::new("model_epoch", DataType::UInt64, true));
-        Arc::new(Schema::new(fields))
+    /// The value columns as one single-output file has them.
+    pub(crate) fn value_fields(self) -> Vec<Field> {
+        self.value_columns()
+            .into_iter()
+            .map(|c| Field::new(c, DataType::Float64, false))
+            .collect()
     }
+
+    /// The value columns of a batch of predictions.
+    pub(crate) fn value_arrays(self, predictions: &[Prediction]) -> Result<Vec<ArrayRef>, SinkError> {
+        let mut values = vec![Vec::with_capacity(predictions.len()); self.value_columns().len()];
+        for p in predictions {
+            self.push(p, &mut values)?;
+        }
+        Ok(values
+            .into_iter()
+            .map(|v| Arc::new(Float64Array::from(v)) as ArrayRef)
+            .collect())
+    }
+}
+
+/// The schema of a prediction file: `id`, `epoch`, the value columns, `model_epoch`.
+fn schema(values: Vec<Field>) -> SchemaRef {
+    let mut fields = vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("epoch", DataType::UInt64, false),
+    ];
+    fields.extend(values);
+    fields.push(Field::new("model_epoch", DataType::UInt64, true));
+    Arc::new(Schema::new(fields))
 }
 
 /// Predictions to a Parquet file, one row each, in the order written.
 pub struct PredictionWriter {
     file: AtomicParquet,
-    layout: PredictionLayout,
+    columns: PredictionColumns,
 }
 
 impl PredictionWriter {
-    /// Start `path` (written as `path.partial` until [`finish`](Self::finish)).
-    pub fn create(path: impl AsRef<Path>, layout: PredictionLayout) -> Result<Self, SinkError> {
-        if layout == PredictionLayout::Classes(0) {
-            return Err(SinkError::Config("a class layout needs at least 1 class".into()));
-        }
+    /// Start `path` (written as `path.partial` until [`finish`](Self::finish))
+    /// with the value columns of `columns` (a [`PredictionLayout`] for a
+    /// single-output model).
+    pub fn create(path: impl AsRef<Path>, columns: impl Into<PredictionColumns>) -> Result<Self, SinkError> {
+        let columns = columns.into();
+        columns.check()?;
         Ok(PredictionWriter {
-            file: AtomicParquet::create(path.as_ref(), layout.schema())?,
-            layout,
+            file: AtomicParquet::create(path.as_ref(), schema(columns.fields()))?,
+            columns,
         })
     }
 
@@ -129,15 +159,12 @@ impl PredictionWriter {
         if predictions.is_empty() {
             return Ok(());
         }
-        let mut values = vec![Vec::with_capacity(predictions.len()); self.layout.value_columns().len()];
-        for p in predictions {
-            self.layout.push(p, &mut values)?;
-        }
+        let values = self.columns.arrays(predictions)?;
         let mut columns: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from_iter_values(predictions.iter().map(|p| p.id))),
             Arc::new(UInt64Array::from_iter_values(predictions.iter().map(|p| p.epoch))),
         ];
-        columns.extend(values.into_iter().map(|v| Arc::new(Float64Array::from(v)) as ArrayRef));
+        columns.extend(values);
         columns.push(Arc::new(UInt64Array::from_iter(
             predictions.iter().map(|p| p.model_epoch),
         )));

@@ -342,6 +342,8 @@ fn predictions_go_out_as_json_keyed_by_id() {
                 Predictive::Classes(vec![0.25, 0.75])
             },
             log_density: None,
+            output: None,
+            all_outputs: Vec::new(),
         })
         .collect();
     out.send(&predictions).unwrap();

@@ -9,7 +9,8 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Int64Type, UInt64Type};
 use common::{f64s, read_parquet};
 use dualgp_connectors::{
-    partial_path, DeadLetter, DeadLetterWriter, Origin, PredictionLayout, PredictionWriter, Reason, SinkError,
+    partial_path, DeadLetter, DeadLetterWriter, Origin, PredictionColumns, PredictionLayout, PredictionWriter, Reason,
+    SinkError,
 };
 use dualgp_operators::dataflow::Prediction;
 use dualgp_operators::model::{Likelihood, Link, Predictive};
@@ -29,6 +30,8 @@ fn moments(id: i64, epoch: u64) -> Prediction {
             var: 1.0 + id as f64,
         },
         log_density: None,
+        output: None,
+        all_outputs: Vec::new(),
     }
 }
 
@@ -71,6 +74,8 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
         model_epoch: None,
         predictive: Predictive::Classes(probs),
         log_density: None,
+        output: None,
+        all_outputs: Vec::new(),
     };
     let bernoulli = Likelihood::Bernoulli { link: Link::Probit };
     let layout = PredictionLayout::for_likelihood(&bernoulli);
@@ -93,6 +98,100 @@ fn bernoulli_writes_p1_and_softmax_every_class() {
     assert_eq!(f64s(&batch, "p2"), [0.5]);
 }
 
+/// A Gaussian output and a Bernoulli one: each row's own output's columns,
+/// and with every output asked for, each output's columns by name.
+#[test]
+fn a_multi_output_file_fills_each_rows_own_outputs_columns_and_every_outputs_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let two = Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap();
+    let gaussian = Predictive::Moments { mean: 2.0, var: 0.5 };
+    let bernoulli = Predictive::Classes(vec![0.3, 0.7]);
+    let of = |id: i64, output: usize| Prediction {
+        id,
+        epoch: 1,
+        model_epoch: Some(0),
+        predictive: [&gaussian, &bernoulli][output].clone(),
+        log_density: None,
+        output: Some(output),
+        all_outputs: vec![gaussian.clone(), bernoulli.clone()],
+    };
+
+    let path = dir.path().join("own.parquet");
+    let mut w = PredictionWriter::create(&path, PredictionColumns::for_likelihood(&two, false)).unwrap();
+    w.write(&[of(0, 0), of(1, 1)]).unwrap();
+    w.finish().unwrap();
+    let batch = read_parquet(&path);
+    assert_eq!(
+        names(&batch),
+        ["id", "epoch", "output", "mean", "var", "p1", "model_epoch"]
+    );
+    let outputs = batch.column(2).as_primitive::<Int64Type>().values().to_vec();
+    assert_eq!(outputs, [0, 1]);
+    let column = |name: &str| {
+        let c = batch
+            .column_by_name(name)
+            .unwrap()
+            .as_primitive::<arrow::datatypes::Float64Type>();
+        (0..c.len())
+            .map(|i| c.is_valid(i).then(|| c.value(i)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(column("mean"), [Some(2.0), None]);
+    assert_eq!(column("var"), [Some(0.5), None]);
+    assert_eq!(column("p1"), [None, Some(0.7)]);
+
+    let path = dir.path().join("every.parquet");
+    let mut w = PredictionWriter::create(&path, PredictionColumns::for_likelihood(&two, true)).unwrap();
+    w.write(&[of(0, 1)]).unwrap();
+    w.finish().unwrap();
+    let batch = read_parquet(&path);
+    assert_eq!(
+        names(&batch),
+        [
+            "id",
+            "epoch",
+            "output",
+            "mean",
+            "var",
+            "p1",
+            "output0_mean",
+            "output0_var",
+            "output1_p1",
+            "model_epoch"
+        ]
+    );
+    assert_eq!(f64s(&batch, "output0_mean"), [2.0]);
+    assert_eq!(f64s(&batch, "output0_var"), [0.5]);
+    assert_eq!(f64s(&batch, "output1_p1"), [0.7]);
+
+    // A prediction without its output, or without every output's predictive, is an error.
+    let mut w = PredictionWriter::create(
+        dir.path().join("bad.parquet"),
+        PredictionColumns::for_likelihood(&two, true),
+    )
+    .unwrap();
+    let unnamed = Prediction {
+        output: None,
+        ..of(3, 0)
+    };
+    assert!(matches!(w.write(&[unnamed]), Err(SinkError::Layout { id: 3, .. })));
+    let beyond = Prediction {
+        output: Some(2),
+        ..of(4, 0)
+    };
+    assert!(matches!(w.write(&[beyond]), Err(SinkError::Layout { id: 4, .. })));
+    let partial = Prediction {
+        all_outputs: vec![gaussian.clone()],
+        ..of(5, 0)
+    };
+    assert!(matches!(w.write(&[partial]), Err(SinkError::Layout { id: 5, .. })));
+    let wrong_shape = Prediction {
+        predictive: bernoulli.clone(),
+        ..of(6, 0)
+    };
+    assert!(matches!(w.write(&[wrong_shape]), Err(SinkError::Layout { id: 6, .. })));
+}
+
 #[test]
 fn a_prediction_of_the_wrong_shape_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
@@ -107,6 +206,8 @@ fn a_prediction_of_the_wrong_shape_is_an_error_not_a_panic() {
         model_epoch: None,
         predictive: Predictive::Classes(vec![0.5, 0.5]),
         log_density: None,
+        output: None,
+        all_outputs: Vec::new(),
     };
     assert!(w.write(&[two]).is_err());
     // Nothing of a refused call was written.

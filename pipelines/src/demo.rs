@@ -61,6 +61,8 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
         data,
         output: dir.path().join("predictions.parquet"),
         likelihood: "gaussian".into(),
+        latents: None,
+        predict_all_outputs: false,
         batch_size: n.div_ceil(10).max(1) as u64,
         workers,
         cluster: ClusterArgs::default(),

@@ -20,8 +20,14 @@ use crate::serve::ServeArgs;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (a multi-output model)
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output).
+    pub latents: Option<usize>,
+    /// A multi-output model's predictions also hold every output's predictive.
+    #[serde(default)]
+    pub predict_all_outputs: bool,
     #[serde(default = "one")]
     pub workers: usize,
     /// Epochs read ahead of the learner at most.
@@ -135,6 +141,8 @@ impl PipelineConfig {
                     data: path.clone(),
                     output,
                     likelihood: self.likelihood.clone(),
+                    latents: self.latents,
+                    predict_all_outputs: self.predict_all_outputs,
                     batch_size: *batch_size,
                     workers,
                     cluster: cluster.clone(),
@@ -167,6 +175,8 @@ impl PipelineConfig {
                     input_topic: topic.clone(),
                     output_topic,
                     likelihood: self.likelihood.clone(),
+                    latents: self.latents,
+                    predict_all_outputs: self.predict_all_outputs,
                     batch_size: *batch_size as usize,
                     batch_timeout_ms: *batch_timeout_ms,
                     workers,
@@ -230,6 +240,39 @@ mod tests {
         };
         assert_eq!((args.workers, args.batch_size, args.model.inducing), (3, 1000, Some(7)));
         assert_eq!(args.output, PathBuf::from("predictions.parquet"));
+    }
+
+    /// A multi-output pipeline file reaches replay and serve with its
+    /// latents and whether every output is predicted.
+    #[test]
+    fn a_multi_output_pipeline_file_passes_its_outputs_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        let parquet = "likelihood = \"gaussian,bernoulli\"\nlatents = 2\npredict_all_outputs = true\n\
+                       [source.parquet]\npath = \"a\"\n[sinks]\npredictions = \"p.parquet\"\n";
+        std::fs::write(&path, parquet).unwrap();
+        let config = PipelineConfig::read(&path).unwrap();
+        let Job::Replay(args) = config
+            .job(None, &ClusterArgs::default(), &ModelArgs::default())
+            .unwrap()
+        else {
+            panic!("a Parquet source is a replay");
+        };
+        assert_eq!(
+            (args.likelihood.as_str(), args.latents, args.predict_all_outputs),
+            ("gaussian,bernoulli", Some(2), true)
+        );
+        let kafka = "likelihood = \"gaussian,bernoulli\"\n[source.kafka]\nbrokers = \"b\"\ntopic = \"in\"\n\
+                     [sinks]\ntopic = \"out\"\n";
+        std::fs::write(&path, kafka).unwrap();
+        let config = PipelineConfig::read(&path).unwrap();
+        let Job::Serve(args) = config
+            .job(None, &ClusterArgs::default(), &ModelArgs::default())
+            .unwrap()
+        else {
+            panic!("a Kafka source is a serve");
+        };
+        assert_eq!((args.latents, args.predict_all_outputs), (None, false));
     }
 
     #[test]

@@ -248,6 +248,11 @@ pub struct Standardizer {
     pub y_mean: f64,
     /// Target standard deviation (1 if the target is not scaled or constant).
     pub y_std: f64,
+    /// A multi-output model's target scaling `(mean, std)` per output, in
+    /// output order (`(0, 1)` for count and class outputs); empty for a
+    /// single-output model, whose target uses `y_mean`, `y_std`.
+    #[serde(default)]
+    pub y_by_output: Vec<(f64, f64)>,
 }
 
 /// Mean and population standard deviation; `(value, 1)` for a constant input
@@ -289,6 +294,7 @@ impl Standardizer {
             x_std,
             y_mean,
             y_std,
+            y_by_output: Vec::new(),
         }
     }
 
@@ -323,11 +329,32 @@ impl Standardizer {
 /// learner.
 impl Standardizer {
     /// Fit on records with `d` features; the target too for a regression likelihood.
+    /// A multi-output model's Gaussian and Student-t outputs are scaled each
+    /// with the labels of its own records, as `eval` does.
     pub fn fit_records(records: &[Record], d: usize, likelihood: &Likelihood) -> Standardizer {
         let x = DMatrix::from_fn(records.len(), d, |i, j| records[i].features[j]);
-        let regression = matches!(likelihood, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. });
+        let regression = |l: &Likelihood| matches!(l, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. });
+        if let Likelihood::MultiOutput(multi) = likelihood {
+            let mut scaling = Standardizer::fit(&x, None);
+            scaling.y_by_output = (0..multi.n_outputs())
+                .map(|o| match regression(&multi.outputs[o]) {
+                    true => mean_std(records.iter().filter(|r| r.output == o).filter_map(|r| r.label)),
+                    false => (0.0, 1.0),
+                })
+                .collect();
+            return scaling;
+        }
         let y: Vec<f64> = records.iter().filter_map(|r| r.label).collect();
-        Standardizer::fit(&x, regression.then_some(&y[..]))
+        Standardizer::fit(&x, regression(likelihood).then_some(&y[..]))
+    }
+
+    /// The target's `(mean, std)` for output `d`.
+    pub fn y_scaling(&self, d: usize) -> (f64, f64) {
+        match self.y_by_output.is_empty() {
+            true => (self.y_mean, self.y_std),
+            // An output beyond the model: the learner refuses the record anyway.
+            false => self.y_by_output.get(d).copied().unwrap_or((0.0, 1.0)),
+        }
     }
 
     /// A record as the learner sees it: standardised features and target.
@@ -335,20 +362,37 @@ impl Standardizer {
         for (j, v) in r.features.iter_mut().enumerate() {
             *v = (*v - self.x_mean[j]) / self.x_std[j];
         }
-        if self.y_std != 1.0 || self.y_mean != 0.0 {
-            r.label = r.label.map(|y| (y - self.y_mean) / self.y_std);
+        let (y_mean, y_std) = self.y_scaling(r.output);
+        if y_std != 1.0 || y_mean != 0.0 {
+            r.label = r.label.map(|y| (y - y_mean) / y_std);
         }
         r
     }
 
-    /// A prediction back on the data's scale (its density too: per unit of `y`).
+    /// A prediction back on the data's scale (its density too: per unit of
+    /// `y`), every output's predictive on its own output's scale.
     pub fn prediction(&self, mut p: Prediction) -> Prediction {
-        if let Predictive::Moments { mean, var } = &mut p.predictive {
-            *mean = *mean * self.y_std + self.y_mean;
-            *var *= self.y_std * self.y_std;
-            p.log_density = p.log_density.map(|l| l - self.y_std.ln());
+        let (y_mean, y_std) = self.y_scaling(p.output.unwrap_or(0));
+        if unscale(&mut p.predictive, y_mean, y_std) {
+            p.log_density = p.log_density.map(|l| l - y_std.ln());
+        }
+        for (d, predictive) in p.all_outputs.iter_mut().enumerate() {
+            let (y_mean, y_std) = self.y_scaling(d);
+            unscale(predictive, y_mean, y_std);
         }
         p
+    }
+}
+
+/// Moments back on the data's scale; whether `predictive` had moments.
+fn unscale(predictive: &mut Predictive, y_mean: f64, y_std: f64) -> bool {
+    match predictive {
+        Predictive::Moments { mean, var } => {
+            *mean = *mean * y_std + y_mean;
+            *var *= y_std * y_std;
+            true
+        }
+        Predictive::Classes(_) => false,
     }
 }
 
@@ -440,6 +484,44 @@ pub fn prepare(split: &Split, order: &Order, n_batches: usize, standardize_y: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Gaussian output's targets are scaled with its own records' labels
+    /// (mean 2, sd 1 here), a Bernoulli output's are left as they are, and
+    /// predictions go back to each output's own scale.
+    #[test]
+    fn a_multi_output_stream_scales_each_regression_output_by_its_own_labels() {
+        let two = Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap();
+        let records = vec![
+            Record::new(0, vec![0.0], Some(1.0)),
+            Record::new(1, vec![1.0], Some(3.0)),
+            Record::new(2, vec![2.0], Some(1.0)).with_output(1),
+            Record::new(3, vec![3.0], Some(0.0)).with_output(1),
+        ];
+        let s = Standardizer::fit_records(&records, 1, &two);
+        assert_eq!(s.y_by_output, [(2.0, 1.0), (0.0, 1.0)]);
+        let labels: Vec<f64> = records.iter().map(|r| s.record(r.clone()).label.unwrap()).collect();
+        assert_eq!(labels, [-1.0, 1.0, 1.0, 0.0]);
+
+        let wide = Standardizer {
+            y_by_output: vec![(2.0, 3.0), (0.0, 1.0)],
+            ..s
+        };
+        let back = wide.prediction(Prediction {
+            id: 0,
+            epoch: 0,
+            model_epoch: None,
+            predictive: Predictive::Classes(vec![0.4, 0.6]),
+            log_density: Some(-0.5),
+            output: Some(1),
+            all_outputs: vec![
+                Predictive::Moments { mean: 1.0, var: 1.0 },
+                Predictive::Classes(vec![0.4, 0.6]),
+            ],
+        });
+        assert_eq!(back.log_density, Some(-0.5), "a class output's density is not rescaled");
+        assert_eq!(back.all_outputs[0], Predictive::Moments { mean: 5.0, var: 9.0 });
+        assert_eq!(back.all_outputs[1], Predictive::Classes(vec![0.4, 0.6]));
+    }
 
     #[test]
     fn constant_columns_get_scale_one() {

@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{
     ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochPart, EpochRule, Origin, ParquetPosition,
-    ParquetSource, ParquetSourceConfig, PredictionLayout, PredictionWriter, ReasonKind, WorkerShare,
+    ParquetSource, ParquetSourceConfig, PredictionColumns, PredictionWriter, ReasonKind, WorkerShare,
 };
 use dualgp_operators::dataflow::{GpOptions, GpStreams, ModelUpdate, Prediction, Record, Rejected, Scoring};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
@@ -41,9 +41,17 @@ pub struct ReplayArgs {
     /// Predictions: one row per input row (`id`, `epoch`, `mean`/`var` or class probabilities).
     #[arg(long)]
     pub output: PathBuf,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (`--likelihood gaussian,bernoulli`)
     #[arg(long)]
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output)
+    #[arg(long)]
+    pub latents: Option<usize>,
+    /// A multi-output model's rows also hold every output's predictive
+    /// (`output{d}_mean`, `output{d}_var`, `output{d}_p1`, …).
+    #[arg(long)]
+    pub predict_all_outputs: bool,
     /// Rows per epoch: the model learns after each.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: u64,
@@ -92,6 +100,11 @@ pub struct ReplayReport {
     pub prequential_rmse: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prequential_accuracy: Option<f64>,
+    /// A multi-output model's prequential NLPD of each output's labelled
+    /// rows, keyed by output (`"0"`, `"1"`, …; outputs without labelled rows
+    /// left out); absent for a single-output model.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub prequential_nlpd_by_output: BTreeMap<String, f64>,
     /// Epochs whose batch could not be learned, with the reason (the model stayed as it was).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_updates: Vec<(u64, String)>,
@@ -209,7 +222,8 @@ type Written = (Gathered, Sinks);
 /// predictions, the dead letters and the report: the others return `None`.
 pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<Option<ReplayOutcome>> {
     let timely_config = args.cluster.timely_config(args.workers)?;
-    let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood =
+        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
     if args.batch_size == 0 {
         bail!("--batch-size 0: give at least one row per epoch");
@@ -236,6 +250,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
             learner,
             options: GpOptions {
                 scoring: args.scoring,
+                predict_all_outputs: args.predict_all_outputs,
                 ..GpOptions::new(d)
             },
             epochs_in_flight: args.epochs_in_flight,
@@ -269,6 +284,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         prequential_nlpd: scores.nlpd(),
         prequential_rmse: scores.rmse(),
         prequential_accuracy: scores.accuracy(),
+        prequential_nlpd_by_output: scores.nlpd_by_output(),
         failed_updates: gathered.failed_updates,
         epoch_scores: scores.epochs,
     };
@@ -496,8 +512,8 @@ impl Sinks {
         n_epochs: u64,
         progress: Box<dyn FnMut(u64, u64) + Send>,
     ) -> Result<Sinks> {
-        let layout = PredictionLayout::for_likelihood(likelihood);
-        let predictions = PredictionWriter::create(&args.output, layout)
+        let columns = PredictionColumns::for_likelihood(likelihood, args.predict_all_outputs);
+        let predictions = PredictionWriter::create(&args.output, columns)
             .with_context(|| format!("cannot write predictions to {}", args.output.display()))?;
         let dead_path = args
             .dead_letters
@@ -591,6 +607,9 @@ struct Scores {
     squared_error: f64,
     hits: u64,
     classes: bool,
+    /// A multi-output model's labelled rows and their summed negative log
+    /// densities, by output.
+    by_output: BTreeMap<usize, (u64, f64)>,
     epochs: Vec<EpochScore>,
     error: Option<String>,
 }
@@ -600,6 +619,11 @@ impl Scores {
         let Some(log_density) = p.log_density else { return };
         self.labelled += 1;
         self.neg_log_density -= log_density;
+        if let Some(d) = p.output {
+            let (n, sum) = self.by_output.entry(d).or_default();
+            *n += 1;
+            *sum -= log_density;
+        }
         match &p.predictive {
             Predictive::Moments { mean, .. } => self.squared_error += (mean - y).powi(2),
             Predictive::Classes(probs) => {
@@ -628,6 +652,18 @@ impl Scores {
         self.squared_error += epoch.squared_error;
         self.hits += epoch.hits;
         self.classes |= epoch.classes;
+        for (d, (n, sum)) in epoch.by_output {
+            let (total_n, total_sum) = self.by_output.entry(d).or_default();
+            *total_n += n;
+            *total_sum += sum;
+        }
+    }
+
+    fn nlpd_by_output(&self) -> BTreeMap<String, f64> {
+        self.by_output
+            .iter()
+            .map(|(d, (n, sum))| (d.to_string(), sum / *n as f64))
+            .collect()
     }
 
     fn nlpd(&self) -> f64 {

@@ -61,9 +61,17 @@ pub struct ServeArgs {
     pub input_topic: String,
     #[arg(long)]
     pub output_topic: String,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
+    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
+    /// comma-separated list, one per output (messages then carry `"output": d`)
     #[arg(long)]
     pub likelihood: String,
+    /// Shared latent GPs of a multi-output model (default: one per output)
+    #[arg(long)]
+    pub latents: Option<usize>,
+    /// A multi-output model's predictions also hold every output's
+    /// predictive: `"outputs": [{"mean":…,"var":…}, {"p":[…]}, …]`.
+    #[arg(long)]
+    pub predict_all_outputs: bool,
     /// Records per epoch and worker: the model learns after each epoch.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
@@ -137,7 +145,8 @@ pub(crate) const SCALING_FILE: &str = "scaling.json";
 /// process 0 decides where the cluster starts and writes the checkpoints.
 pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let timely_config = args.cluster.timely_config(args.workers)?;
-    let likelihood = Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood =
+        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
     let settings = args.model.settings()?;
     if args.batch_size == 0 || args.batch_timeout_ms == 0 {
         bail!("--batch-size and --batch-timeout-ms must be above 0");
@@ -199,6 +208,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let plan = Plan {
         config,
         scoring: args.scoring,
+        predict_all_outputs: args.predict_all_outputs,
         epochs_in_flight: args.epochs_in_flight,
         workers: args.workers,
         serving: serving.clone(),
@@ -236,6 +246,7 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Plan {
     config: KafkaSourceConfig,
     scoring: Scoring,
+    predict_all_outputs: bool,
     epochs_in_flight: u64,
     /// Workers in this process.
     workers: usize,
@@ -275,6 +286,7 @@ fn serve_worker(worker: &mut Worker, plan: &Plan) -> WorkerOutcome {
         options: GpOptions {
             scoring: plan.scoring,
             learned_through: opening.learned_through,
+            predict_all_outputs: plan.predict_all_outputs,
             ..GpOptions::new(d)
         },
         learner: opening.learner,

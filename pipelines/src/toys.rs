@@ -28,12 +28,97 @@ pub fn smooth_latent(x: f64) -> f64 {
     3.0 * (1.5 * PI * x).sin()
 }
 
+/// Seed 002's second latent of its synchronous two-channel toy (appendix):
+/// `4.5 cos(1.5πx + π/2) + 5 sin(3πx + 1.5π) − 5.5 cos(8πx + π/4)`.
+pub fn seed_second_latent(x: f64) -> f64 {
+    4.5 * (1.5 * PI * x + 0.5 * PI).cos() + 5.0 * (3.0 * PI * x + 1.5 * PI).sin()
+        - 5.5 * (8.0 * PI * x + 0.25 * PI).cos()
+}
+
 /// Rows of a one-input multi-output data set.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Rows {
     pub x: Vec<f64>,
     pub y: Vec<f64>,
     pub output: Vec<i64>,
+    /// The region of `[0, 1)` each row's x lies in (written as the `task`
+    /// column, which eval scores separately); empty: no regions.
+    pub task: Vec<i64>,
+}
+
+/// `per_region` inputs drawn uniformly in each of `regions` equal parts of
+/// `[0, 1)`, region after region, with the region's index: streamed in x
+/// order in `regions` batches, each batch is exactly one region.
+fn stratified(regions: usize, per_region: usize, rng: &mut ChaCha8Rng) -> Vec<(f64, i64)> {
+    let width = 1.0 / regions as f64;
+    (0..regions)
+        .flat_map(|r| (0..per_region).map(move |_| r))
+        .map(|r| (width * (r as f64 + rng.random::<f64>()), r as i64))
+        .collect()
+}
+
+/// Seed 002's streaming toy (its Table 1): `y = seed_toy(x) + 1.5 ε` on
+/// `per_region` inputs in each of `regions` parts of `[0, 1)` (the seed
+/// does not give the range).
+pub fn streaming_toy(regions: usize, per_region: usize, seed: u64) -> Rows {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rows = Rows::default();
+    for (x, region) in stratified(regions, per_region, &mut rng) {
+        let noise: f64 = StandardNormal.sample(&mut rng);
+        rows.push(x, seed_toy(x) + 1.5 * noise, 0, region);
+    }
+    rows
+}
+
+/// The loadings of seed 002's two-channel toy, `w_q` over the outputs:
+/// `w₁ = [−0.5, 0.1]`, `w₂ = [−0.1, 0.6]`, so `f₀ = −0.5u₁ − 0.1u₂` and
+/// `f₁ = 0.1u₁ + 0.6u₂`.
+pub const TWO_CHANNEL_LOADINGS: [[f64; 2]; 2] = [[-0.5, -0.1], [0.1, 0.6]];
+
+/// Seed 002's synchronous two-channel toy (its Table 5): every input is
+/// observed on both outputs, `y_d = f_d(x) + σ_d ε` with `σ = (1, 2)`,
+/// `u₁` [`seed_toy`] and `u₂` [`seed_second_latent`].
+pub fn two_channels(regions: usize, per_region: usize, seed: u64) -> Rows {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rows = Rows::default();
+    for (x, region) in stratified(regions, per_region, &mut rng) {
+        let (u1, u2) = (seed_toy(x), seed_second_latent(x));
+        for (d, (w, sd)) in TWO_CHANNEL_LOADINGS.iter().zip([1.0, 2.0]).enumerate() {
+            let noise: f64 = StandardNormal.sample(&mut rng);
+            rows.push(x, w[0] * u1 + w[1] * u2 + sd * noise, d as i64, region);
+        }
+    }
+    rows
+}
+
+/// The asynchronous channels of seed 002's Fig. 8: of [`two_channels`]'
+/// rows, region `r` keeps only output `r mod 2`'s (the channels take turns).
+pub fn alternating_channels(rows: &Rows) -> Rows {
+    rows.filter(|i| rows.output[i] == rows.task[i] % 2)
+}
+
+impl Rows {
+    fn push(&mut self, x: f64, y: f64, output: i64, task: i64) {
+        self.x.push(x);
+        self.y.push(y);
+        self.output.push(output);
+        self.task.push(task);
+    }
+
+    /// The rows `keep` accepts (by index), in order.
+    fn filter(&self, keep: impl Fn(usize) -> bool) -> Rows {
+        let rows: Vec<usize> = (0..self.x.len()).filter(|&i| keep(i)).collect();
+        let pick = |v: &[i64]| match v.is_empty() {
+            true => Vec::new(),
+            false => rows.iter().map(|&i| v[i]).collect(),
+        };
+        Rows {
+            x: rows.iter().map(|&i| self.x[i]).collect(),
+            y: rows.iter().map(|&i| self.y[i]).collect(),
+            output: pick(&self.output),
+            task: pick(&self.task),
+        }
+    }
 }
 
 /// The heterogeneous stream: `x ~ U(0, 1)`, `u₁` the seed's toy,
@@ -59,20 +144,26 @@ pub fn heterogeneous(n: usize, seed: u64) -> Rows {
     rows
 }
 
-/// Writes `id`, `x0`, `y` and `output` (ids from 0, in row order).
+/// Writes `id`, `x0`, `y` and `output` (ids from 0, in row order), and
+/// `task` when the rows have regions.
 pub fn write(path: &Path, rows: &Rows) -> Result<()> {
-    let columns: Vec<ArrayRef> = vec![
+    let mut columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from_iter_values(0..rows.x.len() as i64)),
         Arc::new(Float64Array::from(rows.x.clone())),
         Arc::new(Float64Array::from(rows.y.clone())),
         Arc::new(Int64Array::from(rows.output.clone())),
     ];
-    let schema = Arc::new(Schema::new(vec![
+    let mut fields = vec![
         Field::new("id", DataType::Int64, false),
         Field::new("x0", DataType::Float64, false),
         Field::new("y", DataType::Float64, false),
         Field::new("output", DataType::Int64, false),
-    ]));
+    ];
+    if !rows.task.is_empty() {
+        columns.push(Arc::new(Int64Array::from(rows.task.clone())));
+        fields.push(Field::new("task", DataType::Int64, false));
+    }
+    let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), columns)?;
     let mut writer = ArrowWriter::try_new(std::fs::File::create(path)?, schema, None)?;
     writer.write(&batch)?;
@@ -83,10 +174,74 @@ pub fn write(path: &Path, rows: &Rows) -> Result<()> {
 /// The rows of `rows` whose output is `d`, as output 0 (a single-output
 /// learner's view of one channel).
 pub fn only_output(rows: &Rows, d: i64) -> Rows {
-    let keep: Vec<usize> = (0..rows.x.len()).filter(|&i| rows.output[i] == d).collect();
-    Rows {
-        x: keep.iter().map(|&i| rows.x[i]).collect(),
-        y: keep.iter().map(|&i| rows.y[i]).collect(),
-        output: vec![0; keep.len()],
+    let mut own = rows.filter(|i| rows.output[i] == d);
+    own.output.fill(0);
+    own
+}
+
+/// The rows of `rows` whose output is `d`, keeping their output index (a
+/// multi-output model's test set of one output).
+pub fn of_output(rows: &Rows, d: i64) -> Rows {
+    rows.filter(|i| rows.output[i] == d)
+}
+
+/// Mean and population standard deviation of output `d`'s targets: what
+/// eval standardises that output's targets with, so what turns a test NLPD
+/// on the standardised scale back to the data's (add `ln sd`).
+pub fn target_scale(rows: &Rows, d: i64) -> (f64, f64) {
+    let y: Vec<f64> = (0..rows.y.len())
+        .filter(|&i| rows.output[i] == d)
+        .map(|i| rows.y[i])
+        .collect();
+    let mean = y.iter().sum::<f64>() / y.len().max(1) as f64;
+    let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / y.len().max(1) as f64;
+    (mean, var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seed_toys_fill_each_region_and_the_channels_take_turns() {
+        let toy = streaming_toy(10, 14, 1);
+        assert_eq!(toy.x.len(), 140);
+        for (i, &x) in toy.x.iter().enumerate() {
+            assert_eq!((x * 10.0).floor() as i64, toy.task[i]);
+        }
+        assert!(toy.task.windows(2).all(|w| w[0] <= w[1]), "region after region");
+
+        let sync = two_channels(5, 4, 2);
+        assert_eq!(sync.x.len(), 40);
+        // Each input on both outputs, in turn.
+        assert!(sync.x.chunks(2).all(|pair| pair[0] == pair[1]));
+        assert_eq!(&sync.output[..4], [0, 1, 0, 1]);
+        let async_ = alternating_channels(&sync);
+        assert_eq!(async_.x.len(), 20);
+        assert!((0..20).all(|i| async_.output[i] == async_.task[i] % 2));
+        assert_eq!(of_output(&sync, 1).output, vec![1; 20]);
+        assert_eq!(only_output(&sync, 1).output, vec![0; 20]);
+    }
+
+    /// Far from the noise, the channels' targets are the seed's mixtures.
+    #[test]
+    fn the_two_channel_toy_mixes_the_seeds_latents_with_its_loadings() {
+        let rows = two_channels(5, 2000, 3);
+        for d in 0..2 {
+            let (w, sd) = (TWO_CHANNEL_LOADINGS[d as usize], [1.0, 2.0][d as usize]);
+            let residual: Vec<f64> = (0..rows.x.len())
+                .filter(|&i| rows.output[i] == d)
+                .map(|i| rows.y[i] - (w[0] * seed_toy(rows.x[i]) + w[1] * seed_second_latent(rows.x[i])))
+                .collect();
+            let (n, mean) = (
+                residual.len() as f64,
+                residual.iter().sum::<f64>() / residual.len() as f64,
+            );
+            let var = residual.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+            assert!(
+                mean.abs() < 0.1 && (var.sqrt() - sd).abs() < 0.1 * sd,
+                "output {d}: {mean} {var}"
+            );
+        }
     }
 }

@@ -128,10 +128,35 @@ impl MessageDecoder {
             }
             _ => None,
         };
+        let output = self.json_output(&obj)?;
         if self.features.is_none() {
             self.features = Some(names);
         }
-        Ok(Record::new(id, features, label))
+        Ok(Record::new(id, features, label).with_output(output))
+    }
+
+    /// The message's output index: required by a multi-output model, 0 when
+    /// a single-output model's message leaves it out.
+    fn json_output(&self, obj: &Map<String, Value>) -> Result<usize, Reason> {
+        let name = &self.mapping.output;
+        if !obj.contains_key(name) && !self.mapping.requires_output() {
+            return Ok(0);
+        }
+        match field(obj, name)? {
+            Value::Number(n) if n.is_i64() => self.mapping.output_index(n.as_i64().unwrap_or_default()),
+            Value::Number(n) if n.is_u64() => Err(Reason::InvalidOutput {
+                value: n.to_string(),
+                outputs: self.mapping.outputs,
+            }),
+            other => Err(Reason::WrongType {
+                field: name.clone(),
+                expected: "an integer output index".into(),
+                found: match other {
+                    Value::Number(n) => format!("{n}"),
+                    v => type_name(v).into(),
+                },
+            }),
+        }
     }
 
     /// This message's feature names: the known ones, or `PREFIX0..` from its keys.
@@ -385,6 +410,41 @@ mod tests {
     }
 
     #[test]
+    fn json_messages_of_a_multi_output_model_name_a_valid_output() {
+        use dualgp_operators::model::Likelihood;
+        let two = Likelihood::parse_outputs("gaussian,bernoulli", None).unwrap();
+        let mut d = MessageDecoder::new(&ColumnMapping::for_likelihood(&two), MessageFormat::Json);
+        let (r, _) = decode(&mut d, br#"{"id": 1, "x0": 0.5, "y": 1, "output": 1}"#);
+        assert_eq!(r, [Record::new(1, vec![0.5], Some(1.0)).with_output(1)]);
+        let kinds = [
+            (r#"{"id": 2, "x0": 0.5}"#, ReasonKind::MissingField),
+            (r#"{"id": 2, "x0": 0.5, "output": null}"#, ReasonKind::Null),
+            (r#"{"id": 2, "x0": 0.5, "output": 2}"#, ReasonKind::InvalidOutput),
+            (r#"{"id": 2, "x0": 0.5, "output": -1}"#, ReasonKind::InvalidOutput),
+            (
+                r#"{"id": 2, "x0": 0.5, "output": 18446744073709551615}"#,
+                ReasonKind::InvalidOutput,
+            ),
+            (r#"{"id": 2, "x0": 0.5, "output": 1.0}"#, ReasonKind::WrongType),
+            (r#"{"id": 2, "x0": 0.5, "output": "1"}"#, ReasonKind::WrongType),
+            (r#"{"id": 2, "x0": 0.5, "output": [1]}"#, ReasonKind::WrongType),
+        ];
+        for (payload, kind) in kinds {
+            assert_eq!(reason(&mut d, payload).kind(), kind, "{payload}");
+        }
+        let named = reason(&mut d, r#"{"id": 2, "x0": 0.5, "output": 5}"#).to_string();
+        assert!(named.contains("output 5") && named.contains("0..2"), "{named}");
+
+        // A single-output model reads a message without `output` as output 0,
+        // and refuses any other output.
+        let mut single = MessageDecoder::new(&ColumnMapping::default(), MessageFormat::Json);
+        let (r, _) = decode(&mut single, br#"{"id": 3, "x0": 0.5, "y": 0.2}"#);
+        assert_eq!(r[0].output, 0);
+        let beyond = reason(&mut single, r#"{"id": 4, "x0": 0.5, "output": 1}"#);
+        assert_eq!(beyond.kind(), ReasonKind::InvalidOutput);
+    }
+
+    #[test]
     fn named_features_ignore_other_keys() {
         let mapping = ColumnMapping::default().with_features(["b", "a"]).without_label();
         let mut d = MessageDecoder::new(&mapping, MessageFormat::Json);
@@ -448,6 +508,39 @@ mod tests {
         let truncated = &bytes[..bytes.len() / 2];
         let (_, dead) = decode(&mut d, truncated);
         assert!(dead.iter().any(|d| d.reason.kind() == ReasonKind::Undecodable));
+    }
+
+    /// Arrow IPC rows of a multi-output model carry the `output` column:
+    /// a bad index is that row's dead letter, a message without the column
+    /// one dead letter for the whole message.
+    #[test]
+    fn arrow_ipc_messages_of_a_multi_output_model_need_the_output_column() {
+        use dualgp_operators::model::Likelihood;
+        let two = Likelihood::parse_outputs("gaussian,poisson", None).unwrap();
+        let mut d = MessageDecoder::new(&ColumnMapping::for_likelihood(&two), MessageFormat::Auto);
+        let bytes = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![1, 2, 3]))),
+            ("x0", Arc::new(Float64Array::from(vec![0.1, 0.2, 0.3]))),
+            ("y", Arc::new(Float64Array::from(vec![0.5, 2.0, 1.0]))),
+            ("output", Arc::new(Int64Array::from(vec![0, 1, 5]))),
+        ]);
+        let (r, dead) = decode(&mut d, &bytes);
+        // Rows 0 and 1, then the second batch's copy of row 1.
+        let outputs: Vec<(i64, usize)> = r.iter().map(|r| (r.id, r.output)).collect();
+        assert_eq!(outputs, [(1, 0), (2, 1), (2, 1)]);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].origin.to_string(), "in/0@9 row 2");
+        assert_eq!(dead[0].reason.kind(), ReasonKind::InvalidOutput);
+
+        let without = ipc(vec![
+            ("id", Arc::new(Int64Array::from(vec![4, 5]))),
+            ("x0", Arc::new(Float64Array::from(vec![0.1, 0.2]))),
+            ("y", Arc::new(Float64Array::from(vec![0.5, 1.0]))),
+        ]);
+        let (r, dead) = decode(&mut d, &without);
+        assert!(r.is_empty());
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason, Reason::MissingField { field: "output".into() });
     }
 
     #[test]

@@ -27,17 +27,40 @@ pub fn dlq_topic(input: &str) -> String {
 
 /// A prediction as the `dualgp serve` output message:
 /// `{"id":…, "epoch":…, "model_epoch":…, "mean":…, "var":…}` or with `"p":[…]`
-/// for classes (`model_epoch` is null before the first update).
+/// for classes (`model_epoch` is null before the first update). A
+/// multi-output model's predictions add `"output": d`, the output the
+/// predictive is of, and with every output asked for, `"outputs": [{…}, …]`:
+/// each output's predictive (`mean`/`var` or `p`) in output order.
 pub fn prediction_json(p: &Prediction) -> String {
     let mut value = serde_json::json!({"id": p.id, "epoch": p.epoch, "model_epoch": p.model_epoch});
-    match &p.predictive {
+    put_predictive(&mut value, &p.predictive);
+    if let Some(d) = p.output {
+        value["output"] = d.into();
+    }
+    if !p.all_outputs.is_empty() {
+        let every: Vec<serde_json::Value> = p
+            .all_outputs
+            .iter()
+            .map(|predictive| {
+                let mut one = serde_json::json!({});
+                put_predictive(&mut one, predictive);
+                one
+            })
+            .collect();
+        value["outputs"] = every.into();
+    }
+    value.to_string()
+}
+
+/// `mean` and `var`, or `p`, into a JSON object.
+fn put_predictive(value: &mut serde_json::Value, predictive: &Predictive) {
+    match predictive {
         Predictive::Moments { mean, var } => {
             value["mean"] = (*mean).into();
             value["var"] = (*var).into();
         }
         Predictive::Classes(probs) => value["p"] = probs.clone().into(),
     }
-    value.to_string()
 }
 
 /// A dead letter as a message on the dead-letter topic.
@@ -229,6 +252,8 @@ mod tests {
             model_epoch: Some(5),
             predictive: Predictive::Moments { mean: 0.5, var: 2.0 },
             log_density: None,
+            output: None,
+            all_outputs: Vec::new(),
         };
         let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
         assert_eq!(
@@ -241,11 +266,26 @@ mod tests {
             model_epoch: None,
             predictive: Predictive::Classes(vec![0.25, 0.75]),
             log_density: None,
+            output: None,
+            all_outputs: Vec::new(),
         };
         let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"id": -1, "epoch": 0, "model_epoch": null, "p": [0.25, 0.75]})
+        );
+        // A multi-output model's: the output scored, and every output's on request.
+        let gaussian = Predictive::Moments { mean: 1.5, var: 0.25 };
+        let p = Prediction {
+            output: Some(1),
+            all_outputs: vec![gaussian, p.predictive.clone()],
+            ..p
+        };
+        let v: serde_json::Value = serde_json::from_str(&prediction_json(&p)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": -1, "epoch": 0, "model_epoch": null, "p": [0.25, 0.75], "output": 1,
+                "outputs": [{"mean": 1.5, "var": 0.25}, {"p": [0.25, 0.75]}]})
         );
         assert_eq!(dlq_topic("in"), "in.dlq");
     }

@@ -54,6 +54,9 @@ pub struct GpOptions {
     /// together in the next, this many at most. (Prequential scoring hands
     /// over one epoch at a time.)
     pub max_epochs_per_update: usize,
+    /// A multi-output model's predictions also carry every output's
+    /// predictive, not only that of the output the record observes.
+    pub predict_all_outputs: bool,
 }
 
 impl GpOptions {
@@ -64,6 +67,7 @@ impl GpOptions {
             scoring: Scoring::Prequential,
             learned_through: None,
             max_epochs_per_update: 16,
+            predict_all_outputs: false,
         }
     }
 }

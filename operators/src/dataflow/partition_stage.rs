@@ -41,17 +41,30 @@ enum Model {
 struct Scorer {
     model: Model,
     learned_through: Option<u64>,
+    /// Whether predictions carry every output's predictive too.
+    all_outputs: bool,
 }
+
+/// One record's score: its output's predictive, its label's log density, and
+/// (when asked for) every output's predictive.
+type Scored = (Predictive, Option<f64>, Vec<Predictive>);
 
 impl Scorer {
     /// Each record's predictive distribution and, when it has a label, that
     /// label's log predictive density (its prequential score).
-    fn score(&self, records: &[&Record], features: usize) -> Vec<(Predictive, Option<f64>)> {
+    fn score(&self, records: &[&Record], features: usize) -> Vec<Scored> {
         let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
+        let all_outputs = self.all_outputs;
         let scored = |likelihood: &Likelihood, i: usize, mean: &[f64], var: &[f64]| {
             let d = records[i].output;
             let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
-            (likelihood.predict_of(d, mean, var), density)
+            let every = match all_outputs {
+                true => (0..likelihood.n_outputs())
+                    .map(|o| likelihood.predict_of(o, mean, var))
+                    .collect(),
+                false => Vec::new(),
+            };
+            (likelihood.predict_of(d, mean, var), density, every)
         };
         let mut out = Vec::with_capacity(records.len());
         match &self.model {
@@ -92,13 +105,16 @@ impl Scorer {
         let (mut to_score, refused) = once(to_score);
         out.extend(refused.into_iter().map(StageOutput::Rejected));
         let scored: Vec<&Record> = to_score.iter().collect();
-        for (record, (predictive, log_density)) in scored.iter().zip(self.score(&scored, features)) {
+        let multi = matches!(likelihood, Likelihood::MultiOutput(_));
+        for (record, (predictive, log_density, all_outputs)) in scored.iter().zip(self.score(&scored, features)) {
             out.push(StageOutput::Prediction(Prediction {
                 id: record.id,
                 epoch,
                 model_epoch: self.learned_through,
                 predictive,
                 log_density,
+                output: multi.then_some(record.output),
+                all_outputs,
             }));
         }
         to_score.extend(learn_only);
@@ -150,6 +166,7 @@ pub(super) fn partition_stage<'scope>(
         features,
         scoring,
         learned_through,
+        predict_all_outputs,
         ..
     } = options;
     let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
@@ -162,7 +179,13 @@ pub(super) fn partition_stage<'scope>(
                 likelihood: prior.1,
             },
         };
-        let mut scorer = Scorer { model, learned_through };
+        // Only a multi-output model has other outputs to predict.
+        let all_outputs = predict_all_outputs && matches!(likelihood, Likelihood::MultiOutput(_));
+        let mut scorer = Scorer {
+            model,
+            learned_through,
+            all_outputs,
+        };
         let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
         let mut asked: Vec<(Capability<Round>, Vec<Query>)> = Vec::new();
         // Labelled records handed to the learner and not yet learned, by epoch.
@@ -210,6 +233,7 @@ pub(super) fn partition_stage<'scope>(
                         scorer = Scorer {
                             model: Model::Learned(Box::new(model)),
                             learned_through: Some(epoch),
+                            all_outputs,
                         };
                         shard = None;
                     }

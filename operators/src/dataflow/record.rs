@@ -50,6 +50,15 @@ pub struct Prediction {
     /// `log p(label | model)` when the record came with a label: its
     /// prequential score, before the model learned from it.
     pub log_density: Option<f64>,
+    /// The output `predictive` is of, for a multi-output model (`None`:
+    /// a single-output model's one output).
+    #[serde(default)]
+    pub output: Option<usize>,
+    /// Every output's predictive at the record's inputs, in output order,
+    /// when the operator is asked for them (`GpOptions::predict_all_outputs`);
+    /// empty otherwise.
+    #[serde(default)]
+    pub all_outputs: Vec<Predictive>,
 }
 
 impl Prediction {
