@@ -11,7 +11,7 @@ use dualgp_operators::model::baselines::var_gp::task_bound;
 use dualgp_operators::model::likelihood::Expectation;
 use dualgp_operators::model::{
     fit_offline, Data, DualPosterior, EStepConfig, InducingUpdate, Likelihood, Link, OfflineConfig, Pivot,
-    StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta,
+    StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -27,6 +27,7 @@ fn config(m: usize) -> VarGpConfig {
         e_step: EStepConfig { steps: 5000, rho: 1.0 },
         tolerance: 1e-12,
         theta: VarGpTheta::Fixed,
+        variant: VarGpVariant::Ar,
     }
 }
 
@@ -56,7 +57,11 @@ fn task(rng: &mut ChaCha8Rng, n: usize, lo: f64, hi: f64, classes: bool) -> Data
 }
 
 fn learner(lik: Likelihood, m: usize) -> VarGpLearner {
-    VarGpLearner::new(kernel(), lik, config(m)).unwrap()
+    variant_learner(lik, m, VarGpVariant::Ar)
+}
+
+fn variant_learner(lik: Likelihood, m: usize, variant: VarGpVariant) -> VarGpLearner {
+    VarGpLearner::new(kernel(), lik, VarGpConfig { variant, ..config(m) }).unwrap()
 }
 
 fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
@@ -414,4 +419,141 @@ fn a_task_bounds_gradients_match_finite_differences_and_vanish_where_it_learned(
             "∂F/∂S[{i},{j}]: {analytic} against {fd}"
         );
     }
+}
+
+/// The tasks' records as one data set.
+fn pooled(tasks: &[&Data]) -> Data {
+    let n: usize = tasks.iter().map(|t| t.n()).sum();
+    let mut x = DMatrix::zeros(n, tasks[0].d());
+    let mut y = DVector::zeros(n);
+    let mut row = 0;
+    for t in tasks {
+        x.rows_mut(row, t.n()).copy_from(t.x());
+        y.rows_mut(row, t.n()).copy_from(t.y());
+        row += t.n();
+    }
+    Data::new(x, y).unwrap()
+}
+
+/// `x` as a one-column matrix, for [`max_rel`].
+fn as_col(v: &DVector<f64>) -> DMatrix<f64> {
+    DMatrix::from_column_slice(v.len(), 1, v.as_slice())
+}
+
+#[test]
+fn global_with_one_task_is_var_gp() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let data = task(&mut rng, 60, -3.0, 3.0, true);
+    let x = uniform(&mut rng, 10, 2, 3.0);
+    let mut ar = learner(probit(), 8);
+    let mut global = variant_learner(probit(), 8, VarGpVariant::Global);
+    ar.learn_batch(&data).unwrap();
+    global.learn_batch(&data).unwrap();
+    assert_eq!(global.fitted().unwrap().z, ar.fitted().unwrap().z);
+    assert_eq!(global.fitted().unwrap().whitened, ar.fitted().unwrap().whitened);
+    assert_eq!(global.predict(&x).unwrap(), ar.predict(&x).unwrap());
+}
+
+/// The global variant on two Gaussian tasks against its closed form in `u`
+/// written out densely: task 1 is Titsias on `Z_1`; task 2's block is
+/// `q(u_2) ∝ N(0, K_22) Π N(y_i; w_1,iᵀm_1 + w_2,iᵀu_2, σ²)`, `w_i = K⁻¹k_i`
+/// over all of `Z`; `q(u)` is block diagonal in `u` and predicts
+/// `N(w_*ᵀm_u, k_** − k_*ᵀK⁻¹k_* + w_*ᵀS_u w_*)`.
+#[test]
+fn global_is_block_diagonal_in_u_and_predicts_as_the_dense_computation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (first, second) = (
+        task(&mut rng, 60, -3.0, 0.0, false),
+        task(&mut rng, 60, 0.0, 3.0, false),
+    );
+    let mut l = variant_learner(gaussian(), 8, VarGpVariant::Global);
+    l.learn_batch(&first).unwrap();
+    l.learn_batch(&second).unwrap();
+    let post = l.fitted().unwrap();
+    let blocks = l.task_blocks();
+    let (b1, b2) = (blocks[0].clone(), blocks[1].clone());
+    let k = k_zz(post);
+    let k_inv = k.clone().try_inverse().unwrap();
+    let (m1, s1) = titsias(&first, &post.z.rows(b1.start, b1.len()).into_owned(), post.jitter);
+    let w = &k_inv * se(&post.z, second.x());
+    let (w1, w2) = (w.rows(b1.start, b1.len()), w.rows(b2.start, b2.len()));
+    let k22 = k.view((b2.start, b2.start), (b2.len(), b2.len())).into_owned();
+    let s2 = (k22.try_inverse().unwrap() + w2 * w2.transpose() / NOISE)
+        .try_inverse()
+        .unwrap();
+    let m2 = &s2 * (w2 * (second.y() - w1.transpose() * &m1)) / NOISE;
+    let mut m_u = DVector::zeros(post.m());
+    m_u.rows_mut(b1.start, b1.len()).copy_from(&m1);
+    m_u.rows_mut(b2.start, b2.len()).copy_from(&m2);
+    let mut s_u = DMatrix::zeros(post.m(), post.m());
+    s_u.view_mut((b1.start, b1.start), (b1.len(), b1.len())).copy_from(&s1);
+    s_u.view_mut((b2.start, b2.start), (b2.len(), b2.len())).copy_from(&s2);
+
+    let (mean, cov) = post.q_u(0);
+    assert!(
+        max_rel(&as_col(&mean), &as_col(&m_u)) < 1e-7,
+        "{}",
+        max_rel(&as_col(&mean), &as_col(&m_u))
+    );
+    assert!(max_rel(&cov, &s_u) < 1e-7, "{}", max_rel(&cov, &s_u));
+    let across = cov.view((b2.start, b1.start), (b2.len(), b1.len())).amax();
+    assert!(across < 1e-9 * cov.amax(), "blocks correlated in u: {across}");
+
+    let x_star = uniform(&mut rng, 6, 2, 3.0);
+    let w_star = &k_inv * se(&post.z, &x_star);
+    let k_star = se(&post.z, &x_star);
+    let predicted = post.predict_f(&x_star);
+    for j in 0..x_star.nrows() {
+        let (w_j, k_j) = (w_star.column(j), k_star.column(j));
+        let mean_j = w_j.dot(&m_u);
+        let var_j = VARIANCE - k_j.dot(&w_j) + (&s_u * w_j).dot(&w_j);
+        assert!((predicted.mean[(j, 0)] - mean_j).abs() < 1e-7 * (1.0 + mean_j.abs()));
+        assert!((predicted.var[(j, 0)] - var_j).abs() < 1e-7 * (1.0 + var_j));
+    }
+}
+
+/// Re-VAR-GP on Gaussian tasks with `θ` fixed: the old posterior stands for
+/// the first task's data as Titsias' sites on `u_1` (`N(y_i; k_1,iᵀK_11⁻¹u_1, σ²)`),
+/// so `q(u)` is Gaussian regression of the pooled data on `u` with the first
+/// task's records projected on `Z_1`. The first task here has no more records
+/// than inducing inputs, so they are `Z_1` and their projections exact: that
+/// is Titsias' SGPR on both tasks' records with all of `Z`. VAR-GP, its first
+/// block frozen, is not.
+#[test]
+fn retrain_on_gaussian_tasks_is_titsias_sgpr_on_all_data() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (first, second) = (
+        task(&mut rng, 8, -3.0, 0.0, false),
+        task(&mut rng, 60, -1.0, 3.0, false),
+    );
+    let learned = |variant| {
+        let mut l = variant_learner(gaussian(), 8, variant);
+        l.learn_batch(&first).unwrap();
+        l.learn_batch(&second).unwrap();
+        l
+    };
+    let retrain = learned(VarGpVariant::Retrain);
+    let post = retrain.fitted().unwrap();
+    let is_inducing = |x: DMatrix<f64>| (0..8).any(|j| post.z.rows(j, 1) == x);
+    assert!(
+        (0..first.n()).all(|i| is_inducing(first.x().rows(i, 1).into_owned())),
+        "the first task's records are its inducing inputs"
+    );
+    let (m_u, s_u) = titsias(&pooled(&[&first, &second]), &post.z, post.jitter);
+    let (mean, cov) = post.q_u(0);
+    // The jitter on `K` (10⁻⁶ of the variance) leaves the projections of
+    // the first task's records on `Z_1` exact only to about that.
+    assert!(
+        max_rel(&as_col(&mean), &as_col(&m_u)) < 1e-5,
+        "{}",
+        max_rel(&as_col(&mean), &as_col(&m_u))
+    );
+    assert!(max_rel(&cov, &s_u) < 1e-5, "{}", max_rel(&cov, &s_u));
+
+    let ar = learned(VarGpVariant::Ar);
+    let (ar_mean, _) = ar.fitted().unwrap().q_u(0);
+    assert!(
+        max_rel(&as_col(&ar_mean), &as_col(&m_u)) > 1e-3,
+        "VAR-GP too is the pooled SGPR"
+    );
 }
