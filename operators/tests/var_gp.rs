@@ -557,3 +557,76 @@ fn retrain_on_gaussian_tasks_is_titsias_sgpr_on_all_data() {
         "VAR-GP too is the pooled SGPR"
     );
 }
+
+/// The global variant's second-task bound written out densely in `u`:
+/// `Σ_i E[log p(y_i|f_i)] − KL[N(m_2, S_2) ‖ N(0, K_22)]`, `f_i ~ N(w_iᵀm_u,
+/// k_ii − k_iᵀK⁻¹k_i + w_iᵀS_u w_i)` with `q(u)` block diagonal, the first
+/// block `post`'s.
+fn dense_global_bound(post: &DualPosterior, data: &Data, first: usize, m2: &DVector<f64>, s2: &DMatrix<f64>) -> f64 {
+    let (m, m_t) = (post.m(), post.m() - first);
+    let k = k_zz(post);
+    let k_inv = k.clone().try_inverse().unwrap();
+    let (m_post, s_post) = post.q_u(0);
+    let mut m_u = m_post;
+    m_u.rows_mut(first, m_t).copy_from(m2);
+    let mut s_u = DMatrix::zeros(m, m);
+    s_u.view_mut((0, 0), (first, first))
+        .copy_from(&s_post.view((0, 0), (first, first)));
+    s_u.view_mut((first, first), (m_t, m_t)).copy_from(s2);
+    let kzx = se(&post.z, data.x());
+    let mut e = Expectation::default();
+    let mut expected = 0.0;
+    for i in 0..data.n() {
+        let w = &k_inv * kzx.column(i);
+        let var = VARIANCE - kzx.column(i).dot(&w) + (&s_u * &w).dot(&w);
+        probit().expectation(&[w.dot(&m_u)], &[var], data.y()[i], &mut e);
+        expected += e.value;
+    }
+    let k22 = k.view((first, first), (m_t, m_t)).into_owned().cholesky().unwrap();
+    let log_det =
+        |c: &nalgebra::Cholesky<f64, nalgebra::Dyn>| 2.0 * c.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+    let kl = 0.5
+        * ((k22.solve(s2)).trace() + m2.dot(&k22.solve(m2)) - m_t as f64 + log_det(&k22)
+            - log_det(&s2.clone().cholesky().unwrap()));
+    expected - kl
+}
+
+/// A Bernoulli second task under the global variant stops where the dense
+/// bound in `u` is stationary: its central differences in the block's mean
+/// and covariance vanish there (the frozen variances enter through the probit).
+#[test]
+fn global_bernoulli_block_is_stationary_for_the_dense_bound() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let (first, second) = (task(&mut rng, 60, -3.0, 0.5, true), task(&mut rng, 60, -0.5, 3.0, true));
+    let mut l = variant_learner(probit(), 6, VarGpVariant::Global);
+    l.learn_batch(&first).unwrap();
+    l.learn_batch(&second).unwrap();
+    let post = l.fitted().unwrap();
+    let block = l.task_blocks()[1].clone();
+    let (m_u, s_u) = post.q_u(0);
+    let m2 = m_u.rows(block.start, block.len()).into_owned();
+    let s2 = s_u
+        .view((block.start, block.start), (block.len(), block.len()))
+        .into_owned();
+    let bound = |m: &DVector<f64>, s: &DMatrix<f64>| dense_global_bound(post, &second, block.start, m, s);
+    let h = 1e-5;
+    for k in 0..block.len() {
+        let (mut up, mut down) = (m2.clone(), m2.clone());
+        up[k] += h;
+        down[k] -= h;
+        let fd = (bound(&up, &s2) - bound(&down, &s2)) / (2.0 * h);
+        assert!(fd.abs() < 1e-5, "∂F/∂m_2[{k}] = {fd}");
+    }
+    for (i, j) in [(0, 0), (1, 0), (3, 3), (4, 2)] {
+        let bump = |sign: f64| {
+            let mut s = s2.clone();
+            s[(i, j)] += sign * h;
+            if i != j {
+                s[(j, i)] += sign * h;
+            }
+            bound(&m2, &s)
+        };
+        let fd = (bump(1.0) - bump(-1.0)) / (2.0 * h);
+        assert!(fd.abs() < 1e-4, "∂F/∂S_2[{i},{j}] = {fd}");
+    }
+}

@@ -24,6 +24,12 @@
 //! out of the site, `λ1_i = α̂_i + β̂_i (μ_i − g_i)`, `Λ = Σ β̂_i a_i a_iᵀ`:
 //! the project's damped E-step, with its trust radius and backtracking.
 //!
+//! The seed's ablations (its Appendix B) are [`VarGpVariant`]s of the same
+//! learner, solved by the same block E-step: `Global`, each block against
+//! its own prior `N(0, K_tt)` with `q(u)` block diagonal in `u`, and
+//! `Retrain` (Re-VAR-GP), every block re-learned with the old posterior's
+//! sites held as the factor standing for the earlier tasks.
+//!
 //! The hyperparameters are held: the starting kernel by default, or a point
 //! estimate from the first task (the offline trainer's E- and M-steps on
 //! it), so that the earlier blocks' whitened `q(v_s)` and the seed's
