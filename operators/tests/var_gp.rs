@@ -630,3 +630,88 @@ fn global_bernoulli_block_is_stationary_for_the_dense_bound() {
         assert!(fd.abs() < 1e-4, "∂F/∂S_2[{i},{j}] = {fd}");
     }
 }
+
+/// `E[log N(x; μ, Σ)]` under `x ~ N(m, S)`.
+fn expected_log_normal(m: &DVector<f64>, s: &DMatrix<f64>, mu: &DVector<f64>, sigma: &DMatrix<f64>) -> f64 {
+    let chol = sigma.clone().cholesky().unwrap();
+    let r = m - mu;
+    let log_det = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+    -0.5 * (chol.solve(s).trace()
+        + r.dot(&chol.solve(&r))
+        + log_det
+        + m.len() as f64 * (2.0 * std::f64::consts::PI).ln())
+}
+
+/// Re-VAR-GP's second-task bound (seed Eq. 19 with `Z̃ = Z`) written out
+/// densely in `u`: `Σ_i E[log p(y_i|f_i)] − KL[N(m_u, S_u) ‖ N(0, K)] +
+/// E_q[log q_old(u_1) − log p(u_1)]`, `q_old` the posterior after the first task.
+fn dense_retrain_bound(
+    post: &DualPosterior,
+    old: &DualPosterior,
+    data: &Data,
+    m_u: &DVector<f64>,
+    s_u: &DMatrix<f64>,
+) -> f64 {
+    let (m, m_old) = (post.m(), old.m());
+    let k = k_zz(post);
+    let k_inv = k.clone().try_inverse().unwrap();
+    let kzx = se(&post.z, data.x());
+    let mut e = Expectation::default();
+    let mut expected = 0.0;
+    for i in 0..data.n() {
+        let w = &k_inv * kzx.column(i);
+        let var = VARIANCE - kzx.column(i).dot(&w) + (s_u * &w).dot(&w);
+        probit().expectation(&[w.dot(m_u)], &[var], data.y()[i], &mut e);
+        expected += e.value;
+    }
+    let zero = DVector::zeros(m);
+    let entropy_less_kl = expected_log_normal(m_u, s_u, &zero, &k) - expected_log_normal(m_u, s_u, m_u, s_u);
+    let (m1, s1) = (
+        m_u.rows(0, m_old).into_owned(),
+        s_u.view((0, 0), (m_old, m_old)).into_owned(),
+    );
+    let (m_old_u, s_old_u) = old.q_u(0);
+    let old_factor = expected_log_normal(&m1, &s1, &m_old_u, &s_old_u)
+        - expected_log_normal(
+            &m1,
+            &s1,
+            &DVector::zeros(m_old),
+            &k.view((0, 0), (m_old, m_old)).into_owned(),
+        );
+    expected + entropy_less_kl + old_factor
+}
+
+/// A Bernoulli second task under Re-VAR-GP stops where its bound written out
+/// densely is stationary in all of `q(u)`, the old blocks included.
+#[test]
+fn retrain_bernoulli_posterior_is_stationary_for_the_dense_bound() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (first, second) = (task(&mut rng, 60, -3.0, 0.5, true), task(&mut rng, 60, -0.5, 3.0, true));
+    let mut l = variant_learner(probit(), 5, VarGpVariant::Retrain);
+    l.learn_batch(&first).unwrap();
+    let old = l.fitted().unwrap().clone();
+    l.learn_batch(&second).unwrap();
+    let post = l.fitted().unwrap();
+    let (m_u, s_u) = post.q_u(0);
+    let bound = |m: &DVector<f64>, s: &DMatrix<f64>| dense_retrain_bound(post, &old, &second, m, s);
+    let h = 1e-5;
+    for k in 0..post.m() {
+        let (mut up, mut down) = (m_u.clone(), m_u.clone());
+        up[k] += h;
+        down[k] -= h;
+        let fd = (bound(&up, &s_u) - bound(&down, &s_u)) / (2.0 * h);
+        assert!(fd.abs() < 1e-5, "∂F/∂m_u[{k}] = {fd}");
+    }
+    for (i, j) in [(0, 0), (2, 1), (6, 6), (8, 3)] {
+        let bump = |sign: f64| {
+            let mut s = s_u.clone();
+            s[(i, j)] += sign * h;
+            if i != j {
+                s[(j, i)] += sign * h;
+            }
+            bound(&m_u, &s)
+        };
+        let fd = (bump(1.0) - bump(-1.0)) / (2.0 * h);
+        assert!(fd.abs() < 1e-4, "∂F/∂S_u[{i},{j}] = {fd}");
+    }
+}
