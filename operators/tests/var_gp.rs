@@ -11,7 +11,7 @@ use dualgp_operators::model::baselines::var_gp::task_bound;
 use dualgp_operators::model::likelihood::Expectation;
 use dualgp_operators::model::{
     fit_offline, Data, DualPosterior, EStepConfig, InducingUpdate, Likelihood, Link, OfflineConfig, Pivot,
-    StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta,
+    StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant,
 };
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -27,6 +27,7 @@ fn config(m: usize) -> VarGpConfig {
         e_step: EStepConfig { steps: 5000, rho: 1.0 },
         tolerance: 1e-12,
         theta: VarGpTheta::Fixed,
+        variant: VarGpVariant::Ar,
     }
 }
 
@@ -56,7 +57,11 @@ fn task(rng: &mut ChaCha8Rng, n: usize, lo: f64, hi: f64, classes: bool) -> Data
 }
 
 fn learner(lik: Likelihood, m: usize) -> VarGpLearner {
-    VarGpLearner::new(kernel(), lik, config(m)).unwrap()
+    variant_learner(lik, m, VarGpVariant::Ar)
+}
+
+fn variant_learner(lik: Likelihood, m: usize, variant: VarGpVariant) -> VarGpLearner {
+    VarGpLearner::new(kernel(), lik, VarGpConfig { variant, ..config(m) }).unwrap()
 }
 
 fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
@@ -413,5 +418,300 @@ fn a_task_bounds_gradients_match_finite_differences_and_vanish_where_it_learned(
             (fd - analytic).abs() < 1e-5 * (1.0 + fd.abs()),
             "∂F/∂S[{i},{j}]: {analytic} against {fd}"
         );
+    }
+}
+
+/// The tasks' records as one data set.
+fn pooled(tasks: &[&Data]) -> Data {
+    let n: usize = tasks.iter().map(|t| t.n()).sum();
+    let mut x = DMatrix::zeros(n, tasks[0].d());
+    let mut y = DVector::zeros(n);
+    let mut row = 0;
+    for t in tasks {
+        x.rows_mut(row, t.n()).copy_from(t.x());
+        y.rows_mut(row, t.n()).copy_from(t.y());
+        row += t.n();
+    }
+    Data::new(x, y).unwrap()
+}
+
+/// `x` as a one-column matrix, for [`max_rel`].
+fn as_col(v: &DVector<f64>) -> DMatrix<f64> {
+    DMatrix::from_column_slice(v.len(), 1, v.as_slice())
+}
+
+#[test]
+fn global_with_one_task_is_var_gp() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let data = task(&mut rng, 60, -3.0, 3.0, true);
+    let x = uniform(&mut rng, 10, 2, 3.0);
+    let mut ar = learner(probit(), 8);
+    let mut global = variant_learner(probit(), 8, VarGpVariant::Global);
+    ar.learn_batch(&data).unwrap();
+    global.learn_batch(&data).unwrap();
+    assert_eq!(global.fitted().unwrap().z, ar.fitted().unwrap().z);
+    assert_eq!(global.fitted().unwrap().whitened, ar.fitted().unwrap().whitened);
+    assert_eq!(global.predict(&x).unwrap(), ar.predict(&x).unwrap());
+}
+
+/// The global variant on two Gaussian tasks against its closed form in `u`
+/// written out densely: task 1 is Titsias on `Z_1`; task 2's block is
+/// `q(u_2) ∝ N(0, K_22) Π N(y_i; w_1,iᵀm_1 + w_2,iᵀu_2, σ²)`, `w_i = K⁻¹k_i`
+/// over all of `Z`; `q(u)` is block diagonal in `u` and predicts
+/// `N(w_*ᵀm_u, k_** − k_*ᵀK⁻¹k_* + w_*ᵀS_u w_*)`.
+#[test]
+fn global_is_block_diagonal_in_u_and_predicts_as_the_dense_computation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (first, second) = (
+        task(&mut rng, 60, -3.0, 0.0, false),
+        task(&mut rng, 60, 0.0, 3.0, false),
+    );
+    let mut l = variant_learner(gaussian(), 8, VarGpVariant::Global);
+    l.learn_batch(&first).unwrap();
+    l.learn_batch(&second).unwrap();
+    let post = l.fitted().unwrap();
+    let blocks = l.task_blocks();
+    let (b1, b2) = (blocks[0].clone(), blocks[1].clone());
+    let k = k_zz(post);
+    let k_inv = k.clone().try_inverse().unwrap();
+    let (m1, s1) = titsias(&first, &post.z.rows(b1.start, b1.len()).into_owned(), post.jitter);
+    let w = &k_inv * se(&post.z, second.x());
+    let (w1, w2) = (w.rows(b1.start, b1.len()), w.rows(b2.start, b2.len()));
+    let k22 = k.view((b2.start, b2.start), (b2.len(), b2.len())).into_owned();
+    let s2 = (k22.try_inverse().unwrap() + w2 * w2.transpose() / NOISE)
+        .try_inverse()
+        .unwrap();
+    let m2 = &s2 * (w2 * (second.y() - w1.transpose() * &m1)) / NOISE;
+    let mut m_u = DVector::zeros(post.m());
+    m_u.rows_mut(b1.start, b1.len()).copy_from(&m1);
+    m_u.rows_mut(b2.start, b2.len()).copy_from(&m2);
+    let mut s_u = DMatrix::zeros(post.m(), post.m());
+    s_u.view_mut((b1.start, b1.start), (b1.len(), b1.len())).copy_from(&s1);
+    s_u.view_mut((b2.start, b2.start), (b2.len(), b2.len())).copy_from(&s2);
+
+    let (mean, cov) = post.q_u(0);
+    assert!(
+        max_rel(&as_col(&mean), &as_col(&m_u)) < 1e-7,
+        "{}",
+        max_rel(&as_col(&mean), &as_col(&m_u))
+    );
+    assert!(max_rel(&cov, &s_u) < 1e-7, "{}", max_rel(&cov, &s_u));
+    let across = cov.view((b2.start, b1.start), (b2.len(), b1.len())).amax();
+    assert!(across < 1e-9 * cov.amax(), "blocks correlated in u: {across}");
+
+    let x_star = uniform(&mut rng, 6, 2, 3.0);
+    let w_star = &k_inv * se(&post.z, &x_star);
+    let k_star = se(&post.z, &x_star);
+    let predicted = post.predict_f(&x_star);
+    for j in 0..x_star.nrows() {
+        let (w_j, k_j) = (w_star.column(j), k_star.column(j));
+        let mean_j = w_j.dot(&m_u);
+        let var_j = VARIANCE - k_j.dot(&w_j) + (&s_u * w_j).dot(&w_j);
+        assert!((predicted.mean[(j, 0)] - mean_j).abs() < 1e-7 * (1.0 + mean_j.abs()));
+        assert!((predicted.var[(j, 0)] - var_j).abs() < 1e-7 * (1.0 + var_j));
+    }
+}
+
+/// Re-VAR-GP on Gaussian tasks with `θ` fixed: the old posterior stands for
+/// the first task's data as Titsias' sites on `u_1` (`N(y_i; k_1,iᵀK_11⁻¹u_1, σ²)`),
+/// so `q(u)` is Gaussian regression of the pooled data on `u` with the first
+/// task's records projected on `Z_1`. The first task here has no more records
+/// than inducing inputs, so they are `Z_1` and their projections exact: that
+/// is Titsias' SGPR on both tasks' records with all of `Z`. VAR-GP, its first
+/// block frozen, is not.
+#[test]
+fn retrain_on_gaussian_tasks_is_titsias_sgpr_on_all_data() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (first, second) = (
+        task(&mut rng, 8, -3.0, 0.0, false),
+        task(&mut rng, 60, -1.0, 3.0, false),
+    );
+    let learned = |variant| {
+        let mut l = variant_learner(gaussian(), 8, variant);
+        l.learn_batch(&first).unwrap();
+        l.learn_batch(&second).unwrap();
+        l
+    };
+    let retrain = learned(VarGpVariant::Retrain);
+    let post = retrain.fitted().unwrap();
+    let is_inducing = |x: DMatrix<f64>| (0..8).any(|j| post.z.rows(j, 1) == x);
+    assert!(
+        (0..first.n()).all(|i| is_inducing(first.x().rows(i, 1).into_owned())),
+        "the first task's records are its inducing inputs"
+    );
+    let (m_u, s_u) = titsias(&pooled(&[&first, &second]), &post.z, post.jitter);
+    let (mean, cov) = post.q_u(0);
+    // The jitter on `K` (10⁻⁶ of the variance) leaves the projections of
+    // the first task's records on `Z_1` exact only to about that.
+    assert!(
+        max_rel(&as_col(&mean), &as_col(&m_u)) < 1e-5,
+        "{}",
+        max_rel(&as_col(&mean), &as_col(&m_u))
+    );
+    assert!(max_rel(&cov, &s_u) < 1e-5, "{}", max_rel(&cov, &s_u));
+
+    let ar = learned(VarGpVariant::Ar);
+    let (ar_mean, _) = ar.fitted().unwrap().q_u(0);
+    assert!(
+        max_rel(&as_col(&ar_mean), &as_col(&m_u)) > 1e-3,
+        "VAR-GP too is the pooled SGPR"
+    );
+}
+
+/// The global variant's second-task bound written out densely in `u`:
+/// `Σ_i E[log p(y_i|f_i)] − KL[N(m_2, S_2) ‖ N(0, K_22)]`, `f_i ~ N(w_iᵀm_u,
+/// k_ii − k_iᵀK⁻¹k_i + w_iᵀS_u w_i)` with `q(u)` block diagonal, the first
+/// block `post`'s.
+fn dense_global_bound(post: &DualPosterior, data: &Data, first: usize, m2: &DVector<f64>, s2: &DMatrix<f64>) -> f64 {
+    let (m, m_t) = (post.m(), post.m() - first);
+    let k = k_zz(post);
+    let k_inv = k.clone().try_inverse().unwrap();
+    let (m_post, s_post) = post.q_u(0);
+    let mut m_u = m_post;
+    m_u.rows_mut(first, m_t).copy_from(m2);
+    let mut s_u = DMatrix::zeros(m, m);
+    s_u.view_mut((0, 0), (first, first))
+        .copy_from(&s_post.view((0, 0), (first, first)));
+    s_u.view_mut((first, first), (m_t, m_t)).copy_from(s2);
+    let kzx = se(&post.z, data.x());
+    let mut e = Expectation::default();
+    let mut expected = 0.0;
+    for i in 0..data.n() {
+        let w = &k_inv * kzx.column(i);
+        let var = VARIANCE - kzx.column(i).dot(&w) + (&s_u * &w).dot(&w);
+        probit().expectation(&[w.dot(&m_u)], &[var], data.y()[i], &mut e);
+        expected += e.value;
+    }
+    let k22 = k.view((first, first), (m_t, m_t)).into_owned().cholesky().unwrap();
+    let log_det =
+        |c: &nalgebra::Cholesky<f64, nalgebra::Dyn>| 2.0 * c.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+    let kl = 0.5
+        * ((k22.solve(s2)).trace() + m2.dot(&k22.solve(m2)) - m_t as f64 + log_det(&k22)
+            - log_det(&s2.clone().cholesky().unwrap()));
+    expected - kl
+}
+
+/// A Bernoulli second task under the global variant stops where the dense
+/// bound in `u` is stationary: its central differences in the block's mean
+/// and covariance vanish there (the frozen variances enter through the probit).
+#[test]
+fn global_bernoulli_block_is_stationary_for_the_dense_bound() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let (first, second) = (task(&mut rng, 60, -3.0, 0.5, true), task(&mut rng, 60, -0.5, 3.0, true));
+    let mut l = variant_learner(probit(), 6, VarGpVariant::Global);
+    l.learn_batch(&first).unwrap();
+    l.learn_batch(&second).unwrap();
+    let post = l.fitted().unwrap();
+    let block = l.task_blocks()[1].clone();
+    let (m_u, s_u) = post.q_u(0);
+    let m2 = m_u.rows(block.start, block.len()).into_owned();
+    let s2 = s_u
+        .view((block.start, block.start), (block.len(), block.len()))
+        .into_owned();
+    let bound = |m: &DVector<f64>, s: &DMatrix<f64>| dense_global_bound(post, &second, block.start, m, s);
+    let h = 1e-5;
+    for k in 0..block.len() {
+        let (mut up, mut down) = (m2.clone(), m2.clone());
+        up[k] += h;
+        down[k] -= h;
+        let fd = (bound(&up, &s2) - bound(&down, &s2)) / (2.0 * h);
+        assert!(fd.abs() < 1e-5, "∂F/∂m_2[{k}] = {fd}");
+    }
+    for (i, j) in [(0, 0), (1, 0), (3, 3), (4, 2)] {
+        let bump = |sign: f64| {
+            let mut s = s2.clone();
+            s[(i, j)] += sign * h;
+            if i != j {
+                s[(j, i)] += sign * h;
+            }
+            bound(&m2, &s)
+        };
+        let fd = (bump(1.0) - bump(-1.0)) / (2.0 * h);
+        assert!(fd.abs() < 1e-4, "∂F/∂S_2[{i},{j}] = {fd}");
+    }
+}
+
+/// `E[log N(x; μ, Σ)]` under `x ~ N(m, S)`.
+fn expected_log_normal(m: &DVector<f64>, s: &DMatrix<f64>, mu: &DVector<f64>, sigma: &DMatrix<f64>) -> f64 {
+    let chol = sigma.clone().cholesky().unwrap();
+    let r = m - mu;
+    let log_det = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+    -0.5 * (chol.solve(s).trace()
+        + r.dot(&chol.solve(&r))
+        + log_det
+        + m.len() as f64 * (2.0 * std::f64::consts::PI).ln())
+}
+
+/// Re-VAR-GP's second-task bound (seed Eq. 19 with `Z̃ = Z`) written out
+/// densely in `u`: `Σ_i E[log p(y_i|f_i)] − KL[N(m_u, S_u) ‖ N(0, K)] +
+/// E_q[log q_old(u_1) − log p(u_1)]`, `q_old` the posterior after the first task.
+fn dense_retrain_bound(
+    post: &DualPosterior,
+    old: &DualPosterior,
+    data: &Data,
+    m_u: &DVector<f64>,
+    s_u: &DMatrix<f64>,
+) -> f64 {
+    let (m, m_old) = (post.m(), old.m());
+    let k = k_zz(post);
+    let k_inv = k.clone().try_inverse().unwrap();
+    let kzx = se(&post.z, data.x());
+    let mut e = Expectation::default();
+    let mut expected = 0.0;
+    for i in 0..data.n() {
+        let w = &k_inv * kzx.column(i);
+        let var = VARIANCE - kzx.column(i).dot(&w) + (s_u * &w).dot(&w);
+        probit().expectation(&[w.dot(m_u)], &[var], data.y()[i], &mut e);
+        expected += e.value;
+    }
+    let zero = DVector::zeros(m);
+    let entropy_less_kl = expected_log_normal(m_u, s_u, &zero, &k) - expected_log_normal(m_u, s_u, m_u, s_u);
+    let (m1, s1) = (
+        m_u.rows(0, m_old).into_owned(),
+        s_u.view((0, 0), (m_old, m_old)).into_owned(),
+    );
+    let (m_old_u, s_old_u) = old.q_u(0);
+    let old_factor = expected_log_normal(&m1, &s1, &m_old_u, &s_old_u)
+        - expected_log_normal(
+            &m1,
+            &s1,
+            &DVector::zeros(m_old),
+            &k.view((0, 0), (m_old, m_old)).into_owned(),
+        );
+    expected + entropy_less_kl + old_factor
+}
+
+/// A Bernoulli second task under Re-VAR-GP stops where its bound written out
+/// densely is stationary in all of `q(u)`, the old blocks included.
+#[test]
+fn retrain_bernoulli_posterior_is_stationary_for_the_dense_bound() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (first, second) = (task(&mut rng, 60, -3.0, 0.5, true), task(&mut rng, 60, -0.5, 3.0, true));
+    let mut l = variant_learner(probit(), 5, VarGpVariant::Retrain);
+    l.learn_batch(&first).unwrap();
+    let old = l.fitted().unwrap().clone();
+    l.learn_batch(&second).unwrap();
+    let post = l.fitted().unwrap();
+    let (m_u, s_u) = post.q_u(0);
+    let bound = |m: &DVector<f64>, s: &DMatrix<f64>| dense_retrain_bound(post, &old, &second, m, s);
+    let h = 1e-5;
+    for k in 0..post.m() {
+        let (mut up, mut down) = (m_u.clone(), m_u.clone());
+        up[k] += h;
+        down[k] -= h;
+        let fd = (bound(&up, &s_u) - bound(&down, &s_u)) / (2.0 * h);
+        assert!(fd.abs() < 1e-5, "∂F/∂m_u[{k}] = {fd}");
+    }
+    for (i, j) in [(0, 0), (2, 1), (6, 6), (8, 3)] {
+        let bump = |sign: f64| {
+            let mut s = s_u.clone();
+            s[(i, j)] += sign * h;
+            if i != j {
+                s[(j, i)] += sign * h;
+            }
+            bound(&m_u, &s)
+        };
+        let fd = (bump(1.0) - bump(-1.0)) / (2.0 * h);
+        assert!(fd.abs() < 1e-4, "∂F/∂S_u[{i},{j}] = {fd}");
     }
 }

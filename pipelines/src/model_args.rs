@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
     fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
     OfflineConfig, OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot,
-    SequentialConfig, SequentialLearner, StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta,
+    SequentialConfig, SequentialLearner, StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant,
 };
 use nalgebra::DMatrix;
 use serde::Deserialize;
@@ -66,6 +66,18 @@ pub enum InducingPolicyName {
 pub enum PivotName {
     Variance,
     Trace,
+}
+
+/// `--var-gp-variant`: seed 004's model or one of its Appendix B ablations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VarGpVariantName {
+    /// Each task's block conditioned on the frozen earlier ones (VAR-GP).
+    Ar,
+    /// No auto-regressive term: each block against its own prior N(0, K(Z_t, Z_t)).
+    Global,
+    /// Re-VAR-GP: every block re-learned with each task.
+    Retrain,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -236,6 +248,9 @@ pub struct ModelArgs {
     /// Seed of every random choice (memory sampling, Monte Carlo): runs are reproducible (default 0).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// var-gp: the model, default ar (VAR-GP); global and retrain are the seed's ablations.
+    #[arg(long)]
+    pub var_gp_variant: Option<VarGpVariantName>,
 }
 
 /// Inputs up to which the defaults learn one lengthscale per input. Beyond,
@@ -299,6 +314,7 @@ impl ModelArgs {
             m_rounds: over.m_rounds.or(self.m_rounds),
             m_sample: over.m_sample.or(self.m_sample),
             seed: over.seed.or(self.seed),
+            var_gp_variant: over.var_gp_variant.or(self.var_gp_variant),
         }
     }
 }
@@ -544,6 +560,11 @@ impl ModelArgs {
                 VarGpTheta::Fixed
             } else {
                 VarGpTheta::FirstTask { rounds, m_steps }
+            },
+            variant: match self.var_gp_variant {
+                None | Some(VarGpVariantName::Ar) => VarGpVariant::Ar,
+                Some(VarGpVariantName::Global) => VarGpVariant::Global,
+                Some(VarGpVariantName::Retrain) => VarGpVariant::Retrain,
             },
             ..defaults
         };

@@ -20,7 +20,7 @@ pub mod predict;
 
 pub use baselines::offline::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
 pub use baselines::osgpr::{OsgprConfig, OsgprInducing, OsgprLearner, OsgprReport};
-pub use baselines::var_gp::{VarGpConfig, VarGpLearner, VarGpTheta};
+pub use baselines::var_gp::{VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant};
 pub use data::Data;
 pub use dual::estep::{EStepConfig, PointSites};
 pub use dual::memory::{bayesian_leverage_scores, MemoryPolicy};

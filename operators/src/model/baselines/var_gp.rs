@@ -24,6 +24,12 @@
 //! out of the site, `λ1_i = α̂_i + β̂_i (μ_i − g_i)`, `Λ = Σ β̂_i a_i a_iᵀ`:
 //! the project's damped E-step, with its trust radius and backtracking.
 //!
+//! The seed's ablations (its Appendix B) are [`VarGpVariant`]s of the same
+//! learner, solved by the same block E-step: `Global`, each block against
+//! its own prior `N(0, K_tt)` with `q(u)` block diagonal in `u`, and
+//! `Retrain` (Re-VAR-GP), every block re-learned with the old posterior's
+//! sites held as the factor standing for the earlier tasks.
+//!
 //! The hyperparameters are held: the starting kernel by default, or a point
 //! estimate from the first task (the offline trainer's E- and M-steps on
 //! it), so that the earlier blocks' whitened `q(v_s)` and the seed's
@@ -39,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::baselines::offline::{fit_offline, InducingUpdate, OfflineConfig};
 use crate::model::data::Data;
 use crate::model::dual::estep::{relative_change, site_precision, Backtracking, EStepConfig, PointSites};
+use crate::model::dual::objective::expected_log_message;
 use crate::model::dual::posterior::{Cross, DualPosterior, Marginals, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::learner::{field_accessors, Learned, StreamingLearner};
@@ -59,6 +66,21 @@ pub enum VarGpTheta {
     FirstTask { rounds: usize, m_steps: usize },
 }
 
+/// Which of the seed's models (its Appendix B ablations) the learner is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VarGpVariant {
+    /// VAR-GP: each block conditioned on the frozen earlier ones, `q(u_t | u_<t)`.
+    #[default]
+    Ar,
+    /// No auto-regressive term: block `t` has the prior `N(0, K(Z_t, Z_t))`
+    /// and `q(u)` is block diagonal in `u`, earlier blocks frozen.
+    Global,
+    /// Re-VAR-GP: every block re-learned with each task, the previous
+    /// posterior `q_{t−1}(u_<t) / p(u_<t)` standing for the earlier tasks' data.
+    Retrain,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VarGpConfig {
     /// Inducing inputs each task brings (`M`): the total is tasks × `M`.
@@ -69,6 +91,9 @@ pub struct VarGpConfig {
     /// A task's E-step stops once no site moved by more than this, relatively.
     pub tolerance: f64,
     pub theta: VarGpTheta,
+    /// Checkpoints from before the ablations are VAR-GP's.
+    #[serde(default)]
+    pub variant: VarGpVariant,
 }
 
 impl Default for VarGpConfig {
@@ -83,6 +108,7 @@ impl Default for VarGpConfig {
             tolerance: 1e-6,
             // Fitted on the first task, θ did worse on every set measured (README, "VAR-GP").
             theta: VarGpTheta::Fixed,
+            variant: VarGpVariant::Ar,
         }
     }
 }
@@ -237,38 +263,63 @@ impl VarGpLearner {
                 (self.kernel.clone(), self.likelihood.clone(), z)
             }
         };
+        // With no earlier blocks the three variants are one model.
         let mut post = DualPosterior::new(kernel, z, likelihood.n_latent())?;
         let report = learn_block(&mut post, 0, &likelihood, batch, &self.config)?;
         Ok((post, likelihood, report))
     }
 
-    /// A later task: `Z_t` chosen from its records, the earlier blocks kept.
+    /// A later task: `Z_t` chosen from its records, the earlier blocks
+    /// frozen (VAR-GP, global) or re-learned (Re-VAR-GP).
     fn next_task(&self, old: &DualPosterior, batch: &Data) -> Result<(DualPosterior, BlockReport)> {
         let z_t = select_inducing(&old.kernel, batch.x(), self.config.inducing, self.config.pivot);
-        let (m_old, m_t) = (old.m(), z_t.nrows());
-        let mut z = old.z.clone().resize_vertically(m_old + m_t, 0.0);
-        z.rows_mut(m_old, m_t).copy_from(&z_t);
-        let mut post = DualPosterior::new(old.kernel.clone(), z, old.n_latent())?;
-        post.jitter = old.jitter;
-        post.whitened = old
-            .whitened
-            .iter()
-            .map(|s| Sites {
-                l: s.l.clone().resize_vertically(m_old + m_t, 0.0),
-                lambda: s.lambda.clone().resize(m_old + m_t, m_old + m_t, 0.0),
-            })
-            .collect();
-        post.refresh()?;
-        let report = learn_block(&mut post, m_old, &self.likelihood, batch, &self.config)?;
+        let m_old = old.m();
+        let mut z = old.z.clone().resize_vertically(m_old + z_t.nrows(), 0.0);
+        z.rows_mut(m_old, z_t.nrows()).copy_from(&z_t);
+        let mut post = grown(old, z)?;
+        let report = match self.config.variant {
+            VarGpVariant::Ar => learn_block(&mut post, m_old, &self.likelihood, batch, &self.config)?,
+            VarGpVariant::Global => learn_global_block(&mut post, old, m_old, &self.likelihood, batch, &self.config)?,
+            VarGpVariant::Retrain => learn_all_blocks(&mut post, &self.likelihood, batch, &self.config)?,
+        };
         Ok((post, report))
     }
 }
 
+/// `old`'s posterior over the inducing inputs `z`, `old.z` its first rows:
+/// its whitened sites kept, the new rows' sites zero.
+fn grown(old: &DualPosterior, z: DMatrix<f64>) -> Result<DualPosterior> {
+    let m = z.nrows();
+    let mut post = DualPosterior::new(old.kernel.clone(), z, old.n_latent())?;
+    post.jitter = old.jitter;
+    post.whitened = old
+        .whitened
+        .iter()
+        .map(|s| Sites {
+            l: s.l.clone().resize_vertically(m, 0.0),
+            lambda: s.lambda.clone().resize(m, m, 0.0),
+        })
+        .collect();
+    post.refresh()?;
+    Ok(post)
+}
+
+/// One block's problem: maximise `Σ_i E_q[log p(y_i|f_i)] − KL[q(v) ‖ N(0, I)]
+/// + E_q[log t(v)]` over the block's `q(v)`, where `f_i = g_i + b_iᵀv`, `g_i`
+/// the rest of the posterior (frozen) and `t` fixed Gaussian sites.
+struct BlockProblem {
+    /// `b_i` as columns (block × points).
+    coords: DMatrix<f64>,
+    /// `g_i`'s mean and variance at the points.
+    frozen: Marginals,
+    /// `t`'s sites, one per latent, in the block's coordinates: zero but for
+    /// Re-VAR-GP, where they are the old posterior's.
+    fixed: Vec<Sites>,
+}
+
 /// Learns the block of `post`'s inducing inputs from row `from` on (its
-/// sites zero on entry) from `data`, every earlier block held: the damped
-/// natural-gradient E-step of the task's bound. The block is held as a dual
-/// posterior of its own in its whitened coordinates `v_t = L_C⁻¹e_t` (only
-/// its sites' factors are used), the frozen blocks' marginals added to its own.
+/// sites zero on entry) from `data`, every earlier block held: VAR-GP, its
+/// block in the whitened coordinates `v_t = L_C⁻¹e_t` of the joint.
 pub fn learn_block(
     post: &mut DualPosterior,
     from: usize,
@@ -276,24 +327,183 @@ pub fn learn_block(
     data: &Data,
     config: &VarGpConfig,
 ) -> Result<BlockReport> {
-    let (n, n_latent, m_t) = (data.n(), post.n_latent(), post.m() - from);
+    let m_t = post.m() - from;
     let cross = post.cross(data.x());
-    // The new block's sites are zero on entry.
-    let frozen = frozen_marginals(post, &cross, from);
+    let coords = cross.a.rows(from, m_t).into_owned();
+    let problem = BlockProblem {
+        frozen: frozen_marginals(post, &cross, &coords),
+        coords,
+        fixed: vec![Sites::zeros(m_t); post.n_latent()],
+    };
+    let (own, report) = solve_block(post, from, &problem, likelihood, data, config)?;
+    for (joint, own) in post.whitened.iter_mut().zip(&own) {
+        joint.l.rows_mut(from, m_t).copy_from(&own.l);
+        joint.lambda.view_mut((from, from), (m_t, m_t)).copy_from(&own.lambda);
+    }
+    post.refresh_sites()?;
+    Ok(report)
+}
+
+/// The global variant's task: `post` (`old` grown by the block from row
+/// `from`) becomes `q(u) = q_old(u_<t) · q(u_t)`, block diagonal in `u`,
+/// with `q(u_t)` learned against its own prior `N(0, K_tt)`: the block is
+/// whitened by `L_t = chol(K_tt)`, `u_t = L_t v`, and `f_i`'s share of it is
+/// `(K⁻¹k_i)_tᵀ u_t`, so `b_i = L_tᵀ(K⁻¹k_i)_t`.
+fn learn_global_block(
+    post: &mut DualPosterior,
+    old: &DualPosterior,
+    from: usize,
+    likelihood: &Likelihood,
+    data: &Data,
+    config: &VarGpConfig,
+) -> Result<BlockReport> {
+    let m_t = post.m() - from;
+    let k = post.k_zz();
+    let (chol_t, _) = cholesky_jittered(&k.view((from, from), (m_t, m_t)).into_owned(), 0.0, "K_tt")?;
+    let l_t = chol_t.l();
+    let prior_block = vec![(DVector::zeros(m_t), k.view((from, from), (m_t, m_t)).into_owned()); post.n_latent()];
+    set_block_diagonal(post, old, &prior_block)?;
+    let cross = post.cross(data.x());
+    let weights = post
+        .factors()
+        .chol_k
+        .l()
+        .transpose()
+        .solve_upper_triangular(&cross.a)
+        .expect("K's factor has a positive diagonal");
+    let coords = l_t.tr_mul(&weights.rows(from, m_t));
+    let problem = BlockProblem {
+        frozen: frozen_marginals(post, &cross, &coords),
+        coords,
+        fixed: vec![Sites::zeros(m_t); post.n_latent()],
+    };
+    let (own, report) = solve_block(post, from, &problem, likelihood, data, config)?;
+    let blocks = own
+        .iter()
+        .map(|sites| {
+            let (mean, cov) = gaussian_of_sites(sites)?;
+            Ok((&l_t * mean, &l_t * cov * l_t.transpose()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    set_block_diagonal(post, old, &blocks)?;
+    Ok(report)
+}
+
+/// Re-VAR-GP's task: every block of `post` re-learned from `data`, `post`'s
+/// sites on entry (the old posterior's, zero on the new rows) held as the
+/// fixed factor `q_old(u_<t) / p(u_<t)`. With `Z̃_<t = Z_<t` (the inducing
+/// inputs are never moved here) the seed's `E[ℜ_t]` (Eq. 19) is exactly that
+/// factor's expectation under `q`.
+fn learn_all_blocks(
+    post: &mut DualPosterior,
+    likelihood: &Likelihood,
+    data: &Data,
+    config: &VarGpConfig,
+) -> Result<BlockReport> {
+    let cross = post.cross(data.x());
+    let n_latent = post.n_latent();
+    let residual = DMatrix::from_fn(data.n(), n_latent, |i, _| cross.residual_var[i]);
+    let problem = BlockProblem {
+        coords: cross.a,
+        frozen: Marginals {
+            mean: DMatrix::zeros(data.n(), n_latent),
+            var: residual,
+        },
+        fixed: post.whitened.clone(),
+    };
+    let (all, report) = solve_block(post, 0, &problem, likelihood, data, config)?;
+    post.whitened = all;
+    post.refresh_sites()?;
+    Ok(report)
+}
+
+/// `post`'s sites set so that `q(u)` is `old`'s over its rows and
+/// `N(mean, cov)` (one per latent) over the rest, independent of each other.
+fn set_block_diagonal(
+    post: &mut DualPosterior,
+    old: &DualPosterior,
+    block: &[(DVector<f64>, DMatrix<f64>)],
+) -> Result<()> {
+    let (m, m_old) = (post.m(), old.m());
+    let l = post.factors().chol_k.l();
+    let mut whitened = Vec::with_capacity(block.len());
+    for (c, (block_mean, block_cov)) in block.iter().enumerate() {
+        let (old_mean, old_cov) = old.q_u(c);
+        let mut mean = old_mean.resize_vertically(m, 0.0);
+        mean.rows_mut(m_old, m - m_old).copy_from(block_mean);
+        let mut cov = old_cov.resize(m, m, 0.0);
+        cov.view_mut((m_old, m_old), (m - m_old, m - m_old))
+            .copy_from(block_cov);
+        whitened.push(sites_of_q_u(&l, &mean, &cov)?);
+    }
+    post.whitened = whitened;
+    post.refresh_sites()
+}
+
+/// The whitened sites `(h, P)` whose `q(v) = N((I + P)⁻¹h, (I + P)⁻¹)` is
+/// `q(u) = N(mean, cov)` under `u = Lv`.
+fn sites_of_q_u(l: &DMatrix<f64>, mean: &DVector<f64>, cov: &DMatrix<f64>) -> Result<Sites> {
+    let l_inv = l
+        .clone()
+        .try_inverse()
+        .ok_or_else(|| ModelError::Config("K's factor is singular".into()))?;
+    let cov_v = &l_inv * cov * l_inv.transpose();
+    let (chol, _) = cholesky_jittered(&cov_v, 0.0, "S_v")?;
+    let precision = chol.inverse();
+    let mut lambda = &precision - DMatrix::identity(l.nrows(), l.nrows());
+    lambda = (&lambda + lambda.transpose()) * 0.5;
+    Ok(Sites {
+        l: &precision * (&l_inv * mean),
+        lambda,
+    })
+}
+
+/// `q(v) = N((I + Λ)⁻¹l, (I + Λ)⁻¹)` of whitened sites.
+fn gaussian_of_sites(sites: &Sites) -> Result<(DVector<f64>, DMatrix<f64>)> {
+    let m = sites.l.len();
+    let (d, _) = cholesky_jittered(&(DMatrix::identity(m, m) + &sites.lambda), 0.0, "I + P")?;
+    Ok((d.solve(&sites.l), d.inverse()))
+}
+
+/// The damped natural-gradient E-step of a [`BlockProblem`], the block
+/// being `post`'s rows from `from` on. The block is held as a dual
+/// posterior of its own (only its sites' factors are used), its marginals
+/// added to the frozen ones: its fixed point has the frozen offset taken out
+/// of each site, `λ1_i = α̂_i + β̂_i (μ_i − g_i)`, `Λ = Σ β̂_i b_i b_iᵀ + Λ_t`.
+/// Returns the block's whitened sites.
+fn solve_block(
+    post: &DualPosterior,
+    from: usize,
+    problem: &BlockProblem,
+    likelihood: &Likelihood,
+    data: &Data,
+    config: &VarGpConfig,
+) -> Result<(Vec<Sites>, BlockReport)> {
+    let (n, n_latent, m_b) = (data.n(), post.n_latent(), post.m() - from);
     let block_cross = Cross {
-        kzx: cross.kzx.rows(from, m_t).into_owned(),
-        a: cross.a.rows(from, m_t).into_owned(),
+        kzx: DMatrix::zeros(0, n),
+        a: problem.coords.clone(),
         residual_var: DVector::zeros(n),
     };
-    let mut block = DualPosterior::new(post.kernel.clone(), post.z.rows(from, m_t).into_owned(), n_latent)?;
+    let frozen = &problem.frozen;
+    let mut block = DualPosterior::new(post.kernel.clone(), post.z.rows(from, m_b).into_owned(), n_latent)?;
+    let with_fixed = |sites: &PointSites| -> Vec<Sites> {
+        let mut totals = sites.totals(&problem.coords);
+        for (total, fixed) in totals.iter_mut().zip(&problem.fixed) {
+            total.add(fixed, 1.0);
+        }
+        totals
+    };
     let mut sites = PointSites::zeros(n, n_latent);
+    block.whitened = with_fixed(&sites);
+    block.refresh_sites()?;
     let mut guard = Backtracking::new(config.e_step.rho);
     let mut e = Expectation::default();
     let mut report = BlockReport { bound: 0.0, steps: 0 };
     for _ in 0..config.e_step.steps {
         report.steps += 1;
         let step = guard.step();
-        let marginals = joint_marginals(&block, &block_cross, &frozen);
+        let marginals = joint_marginals(&block, &block_cross, frozen);
         let mut next = sites.clone();
         let mut expected = 0.0;
         marginals.for_each_point(|i, mean, var| {
@@ -317,7 +527,7 @@ pub fn learn_block(
                 next.s2[(i, c)] = (1.0 - step.rho) * s2_old + step.rho * beta;
             }
         });
-        report.bound = expected - block.kl();
+        report.bound = expected - block.kl() + expected_log_message(&block, &problem.fixed);
         if let Some((back_sites, back_whitened)) = guard.check(report.bound, (sites.clone(), block.whitened.clone())) {
             sites = back_sites;
             block.whitened = back_whitened;
@@ -326,28 +536,22 @@ pub fn learn_block(
         }
         let settled = relative_change(&sites, &next) < config.tolerance;
         sites = next;
-        block.whitened = sites.totals(&block_cross.a);
+        block.whitened = with_fixed(&sites);
         block.refresh_sites()?;
         if settled {
             break;
         }
     }
-    for (joint, own) in post.whitened.iter_mut().zip(&block.whitened) {
-        joint.l.rows_mut(from, m_t).copy_from(&own.l);
-        joint.lambda.view_mut((from, from), (m_t, m_t)).copy_from(&own.lambda);
-    }
-    post.refresh_sites()?;
-    Ok(report)
+    Ok((block.whitened, report))
 }
 
-/// The marginals of `f` under the blocks before row `from` alone, `post`'s
-/// block from `from` on at its prior `N(0, I)`: `post`'s marginals less that
-/// prior's variance `‖a_t,i‖²`, which the block's own `a_t,iᵀ S_t a_t,i` replaces.
-fn frozen_marginals(post: &DualPosterior, cross: &Cross, from: usize) -> Marginals {
+/// The marginals of `f` under `post` less the block's prior share `‖b_i‖²`
+/// of the variance (the block at its prior on entry), which the block's own
+/// `b_iᵀ S b_i` replaces.
+fn frozen_marginals(post: &DualPosterior, cross: &Cross, coords: &DMatrix<f64>) -> Marginals {
     let mut frozen = post.marginals(cross);
-    let block = cross.a.rows(from, post.m() - from);
-    for (i, a_i) in block.column_iter().enumerate() {
-        frozen.var.row_mut(i).add_scalar_mut(-a_i.norm_squared());
+    for (i, b_i) in coords.column_iter().enumerate() {
+        frozen.var.row_mut(i).add_scalar_mut(-b_i.norm_squared());
     }
     frozen
 }
@@ -416,8 +620,8 @@ pub fn task_bound(
     }
     frozen_post.refresh_sites()?;
     let cross = frozen_post.cross(data.x());
-    let frozen = frozen_marginals(&frozen_post, &cross, from);
     let a = cross.a.rows(from, m_t).into_owned();
+    let frozen = frozen_marginals(&frozen_post, &cross, &a);
     let (n, n_latent) = (data.n(), post.n_latent());
     let mut value = 0.0;
     let mut grad_mean: Vec<DVector<f64>> = mean.iter().map(|m| -m).collect();

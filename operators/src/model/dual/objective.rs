@@ -74,7 +74,7 @@ pub fn m_step_objective(
 /// whose sites under the posterior's `K` are `whitened` (`h = L⁻¹Kη₁`,
 /// `P = L⁻¹Kη₂KL⁻ᵀ`): with `q(v) = N(m_v, D⁻¹)` in `v = L⁻¹u`,
 /// `hᵀm_v − ½m_vᵀPm_v − ½tr(PD⁻¹)`.
-pub(super) fn expected_log_message(post: &DualPosterior, whitened: &[Sites]) -> f64 {
+pub(crate) fn expected_log_message(post: &DualPosterior, whitened: &[Sites]) -> f64 {
     let factors = post.factors();
     whitened
         .iter()
