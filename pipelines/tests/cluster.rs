@@ -437,6 +437,11 @@ fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_
     for topic in ["one-in", "two-in"] {
         create_topic(&conn, topic, 2).unwrap();
     }
+    // Made here, not by the first send of one of several producers, so
+    // that the readers below know their partitions.
+    for topic in ["one-out", "two-out", "one-in.dlq", "two-in.dlq"] {
+        create_topic(&conn, topic, 1).unwrap();
+    }
     let messages = regression_messages(1400);
     let dir = tempfile::tempdir().unwrap();
     let (one_dir, two_dir) = (dir.path().join("one"), dir.path().join("two"));
@@ -503,6 +508,9 @@ fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
     let address = broker.address();
     let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
     create_topic(&conn, "in", 2).unwrap();
+    for topic in ["out", "in.dlq"] {
+        create_topic(&conn, topic, 1).unwrap();
+    }
     produce(&address, "in", &regression_messages(400), 2);
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = dir.path().join("checkpoints");
