@@ -26,13 +26,11 @@ use arrow::array::{ArrayRef, Float64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{assert_fails_with, dualgp, produce};
+use common::{assert_fails_with, dualgp, produce, read_topic};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{KafkaConnection, KafkaPosition};
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 use parquet_files::{data, f64s, read_parquet, write_batch};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 /// The longest a cluster run may take before its processes are killed.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -366,24 +364,10 @@ fn regression_messages(n: usize) -> Vec<(String, String)> {
 /// Every message of the one-partition `topic`, as id → payloads, read until
 /// `expected` have come and then nothing new for two seconds (at most a minute).
 fn payloads_by_id(address: &str, topic: &str, expected: usize) -> BTreeMap<i64, Vec<String>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", "cluster-test-reader")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    consumer.assign(&list).unwrap();
     let mut seen: BTreeMap<i64, Vec<String>> = BTreeMap::new();
-    let (start, mut last, mut count) = (Instant::now(), Instant::now(), 0);
-    while (count < expected || last.elapsed() < Duration::from_secs(2)) && start.elapsed() < Duration::from_secs(60) {
-        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
-            let text = String::from_utf8_lossy(message.unwrap().payload().unwrap_or_default()).into_owned();
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-            seen.entry(v["id"].as_i64().unwrap()).or_default().push(text);
-            (last, count) = (Instant::now(), count + 1);
-        }
+    for text in read_topic(address, topic, expected) {
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        seen.entry(v["id"].as_i64().unwrap()).or_default().push(text);
     }
     seen
 }

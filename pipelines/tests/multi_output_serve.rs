@@ -14,10 +14,10 @@ mod common;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use broker::Broker;
-use common::{produce, serve_command};
+use common::{produce, read_topic, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{KafkaConnection, KafkaPosition};
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
@@ -25,9 +25,6 @@ use dualgp_operators::model::{predict_outputs, Predictive, StreamingLearner};
 use dualgp_pipelines::protocol::Standardizer;
 use dualgp_pipelines::toys::heterogeneous;
 use nalgebra::DMatrix;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use rdkafka::{ClientConfig, Message};
 
 const LABELLED: usize = 200;
 const QUERIES: usize = 40;
@@ -35,26 +32,8 @@ const QUERIES: usize = 40;
 /// Every message of `topic`'s one partition: until `expected` have come and
 /// then two quiet seconds (to catch duplicates), or 60 s at most.
 fn consume_all(address: &str, topic: &str, expected: usize) -> Vec<serde_json::Value> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", "multi-output-serve-test")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    consumer.assign(&list).unwrap();
-    let mut out = Vec::new();
-    let (start, mut last) = (Instant::now(), Instant::now());
-    while (out.len() < expected || last.elapsed() < Duration::from_secs(2)) && start.elapsed() < Duration::from_secs(60)
-    {
-        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
-            let payload = message.unwrap().payload().unwrap_or_default().to_vec();
-            out.push(serde_json::from_slice(&payload).unwrap());
-            last = Instant::now();
-        }
-    }
-    out
+    let payloads = read_topic(address, topic, expected);
+    payloads.iter().map(|p| serde_json::from_str(p).unwrap()).collect()
 }
 
 /// Serve to its idle exit; its stdout.

@@ -16,12 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{dualgp, metrics_page, produce, serve_command};
+use common::{dualgp, metrics_page, produce, read_topic, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{shared_data, KafkaConnection, Table};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use rdkafka::{ClientConfig, Message};
 
 /// Creates the input topic `in`, of two partitions, on the broker at `address`.
 fn create_input(address: &str) {
@@ -55,35 +52,6 @@ fn banana_messages() -> Vec<(i64, String)> {
 /// Messages keyed by their id, as `produce` sends them.
 fn keyed(messages: &[(i64, String)]) -> Vec<(String, String)> {
     messages.iter().map(|(id, m)| (id.to_string(), m.clone())).collect()
-}
-
-/// Every message of `topic` (all its partitions, from the start): reads until
-/// at least `expected` have come and then nothing new for two seconds (to
-/// catch duplicates), or for at most 60 s. A busy broker may pause between
-/// fetches; waiting for the count keeps such a pause from looking like loss.
-fn consume_all(address: &str, topic: &str, partitions: i32, expected: usize) -> Vec<String> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", "serve-test-reader")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut list = TopicPartitionList::new();
-    for p in 0..partitions {
-        list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&list).unwrap();
-    let mut out = Vec::new();
-    let (start, mut last) = (Instant::now(), Instant::now());
-    while (out.len() < expected || last.elapsed() < Duration::from_secs(2)) && start.elapsed() < Duration::from_secs(60)
-    {
-        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
-            let message = message.unwrap();
-            out.push(String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned());
-            last = Instant::now();
-        }
-    }
-    out
 }
 
 /// `dualgp serve` on banana messages from `in` (batches of 100, m = 20),
@@ -154,7 +122,7 @@ fn wait_for_predictions(metrics_port: u16, n: usize) {
 /// or an update before the record's epoch.
 fn predictions(address: &str, expected: usize) -> BTreeMap<i64, Vec<Option<u64>>> {
     let mut seen = BTreeMap::new();
-    for text in consume_all(address, "out", 1, expected) {
+    for text in read_topic(address, "out", expected) {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let p = v["p"]
             .as_array()
@@ -207,7 +175,7 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     assert!(page.contains("dualgp_epoch_latency_seconds_count"), "{page}");
     assert!(page.contains("dualgp_prediction_staleness_epochs_count 300"), "{page}");
 
-    let dlq = consume_all(&address, "in.dlq", 1, malformed.len());
+    let dlq = read_topic(&address, "in.dlq", malformed.len());
     assert_eq!(dlq.len(), malformed.len(), "{dlq:?}");
     for d in &dlq {
         let v: serde_json::Value = serde_json::from_str(d).unwrap();

@@ -29,7 +29,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{produce, serve_command};
+use common::{produce, read_topic_within, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{KafkaConnection, KafkaPosition};
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
@@ -37,8 +37,6 @@ use dualgp_operators::model::{Predictive, StreamingLearner};
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 /// Records per epoch. Every record is on the topic before serve starts, so
 /// the count cuts every epoch; the timeout only ends the run (`--idle-exit`
@@ -65,28 +63,21 @@ fn messages(n: usize, seed: u64) -> Vec<(String, String)> {
 /// The ids of every prediction on `topic`, read until `expected` have come
 /// and then nothing new for three seconds, or for at most two minutes.
 fn prediction_ids(address: &str, topic: &str, expected: usize) -> Vec<i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", "soak-reader")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    consumer.assign(&list).unwrap();
-    let mut ids = Vec::new();
-    let (start, mut last) = (Instant::now(), Instant::now());
-    while (ids.len() < expected || last.elapsed() < Duration::from_secs(3))
-        && start.elapsed() < Duration::from_secs(120)
-    {
-        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
-            let message = message.unwrap();
-            let v: serde_json::Value = serde_json::from_slice(message.payload().unwrap_or_default()).unwrap();
-            ids.push(v["id"].as_i64().expect("an id"));
-            last = Instant::now();
-        }
-    }
-    ids
+    let payloads = read_topic_within(
+        address,
+        topic,
+        expected,
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+    );
+    payloads
+        .iter()
+        .map(|p| {
+            serde_json::from_str::<serde_json::Value>(p).unwrap()["id"]
+                .as_i64()
+                .expect("an id")
+        })
+        .collect()
 }
 
 /// `dualgp serve` from `input` to `output`, checkpointing into `dir`, its

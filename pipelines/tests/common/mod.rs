@@ -68,6 +68,52 @@ pub fn produce(address: &str, topic: &str, messages: &[(String, String)], partit
     producer.flush(Duration::from_secs(60)).expect("all messages delivered");
 }
 
+/// Every message payload on partition 0 of `topic`, read until `expected`
+/// have come and then nothing new for two seconds (to catch duplicates), or
+/// for a minute at most.
+pub fn read_topic(address: &str, topic: &str, expected: usize) -> Vec<String> {
+    use std::time::Duration;
+    read_topic_within(
+        address,
+        topic,
+        expected,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+}
+
+/// [`read_topic`] with its quiet time and its limit given. It reads by
+/// assignment, not by a group join (which takes seconds on tansu).
+pub fn read_topic_within(
+    address: &str,
+    topic: &str,
+    expected: usize,
+    quiet: std::time::Duration,
+    limit: std::time::Duration,
+) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    use std::time::{Duration, Instant};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", "dualgp-test-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    consumer.assign(&list).unwrap();
+    let mut out = Vec::new();
+    let (start, mut last) = (Instant::now(), Instant::now());
+    while (out.len() < expected || last.elapsed() < quiet) && start.elapsed() < limit {
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            out.push(String::from_utf8_lossy(message.unwrap().payload().unwrap_or_default()).into_owned());
+            last = Instant::now();
+        }
+    }
+    out
+}
+
 /// The Prometheus page `serve --metrics-port PORT` serves, if it can be read.
 pub fn metrics_page(port: u16) -> Option<String> {
     use std::io::{Read, Write};
