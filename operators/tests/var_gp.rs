@@ -323,21 +323,29 @@ fn block_q(post: &DualPosterior, from: usize) -> (Vec<DVector<f64>>, Vec<DMatrix
         .unzip()
 }
 
-/// The second task's bound from `q(u) = N(m_u, S_u)` written out densely with
-/// the tests' kernel: `f_i ~ N(k_iᵀK⁻¹m_u, k_ii − k_iᵀK⁻¹k_i + k_iᵀK⁻¹S_uK⁻¹k_i)`,
-/// less the block's `KL[N(mean, cov) ‖ N(0, I)]`.
-fn dense_bound(post: &DualPosterior, data: &Data, mean: &DVector<f64>, cov: &DMatrix<f64>) -> f64 {
+/// `Σ_i E[log p(y_i|f_i)]` (probit) under `q(u) = N(m_u, S_u)` written out
+/// densely with the tests' kernel: `f_i ~ N(w_iᵀm_u, k_ii − k_iᵀw_i + w_iᵀS_u w_i)`,
+/// `w_i = K⁻¹k_i`.
+fn dense_expected(post: &DualPosterior, data: &Data, m_u: &DVector<f64>, s_u: &DMatrix<f64>) -> f64 {
     let k_inv = k_zz(post).try_inverse().unwrap();
-    let (m_u, s_u) = post.q_u(0);
     let kzx = se(&post.z, data.x());
     let mut e = Expectation::default();
     let mut expected = 0.0;
     for i in 0..data.n() {
         let w = &k_inv * kzx.column(i);
-        let var = VARIANCE - kzx.column(i).dot(&w) + (&s_u * &w).dot(&w);
-        probit().expectation(&[w.dot(&m_u)], &[var], data.y()[i], &mut e);
+        let var = VARIANCE - kzx.column(i).dot(&w) + (s_u * &w).dot(&w);
+        probit().expectation(&[w.dot(m_u)], &[var], data.y()[i], &mut e);
         expected += e.value;
     }
+    expected
+}
+
+/// The second task's bound from `q(u) = N(m_u, S_u)` written out densely with
+/// the tests' kernel: `f_i ~ N(k_iᵀK⁻¹m_u, k_ii − k_iᵀK⁻¹k_i + k_iᵀK⁻¹S_uK⁻¹k_i)`,
+/// less the block's `KL[N(mean, cov) ‖ N(0, I)]`.
+fn dense_bound(post: &DualPosterior, data: &Data, mean: &DVector<f64>, cov: &DMatrix<f64>) -> f64 {
+    let (m_u, s_u) = post.q_u(0);
+    let expected = dense_expected(post, data, &m_u, &s_u);
     let log_det = cov
         .clone()
         .cholesky()
@@ -565,7 +573,6 @@ fn retrain_on_gaussian_tasks_is_titsias_sgpr_on_all_data() {
 fn dense_global_bound(post: &DualPosterior, data: &Data, first: usize, m2: &DVector<f64>, s2: &DMatrix<f64>) -> f64 {
     let (m, m_t) = (post.m(), post.m() - first);
     let k = k_zz(post);
-    let k_inv = k.clone().try_inverse().unwrap();
     let (m_post, s_post) = post.q_u(0);
     let mut m_u = m_post;
     m_u.rows_mut(first, m_t).copy_from(m2);
@@ -573,15 +580,7 @@ fn dense_global_bound(post: &DualPosterior, data: &Data, first: usize, m2: &DVec
     s_u.view_mut((0, 0), (first, first))
         .copy_from(&s_post.view((0, 0), (first, first)));
     s_u.view_mut((first, first), (m_t, m_t)).copy_from(s2);
-    let kzx = se(&post.z, data.x());
-    let mut e = Expectation::default();
-    let mut expected = 0.0;
-    for i in 0..data.n() {
-        let w = &k_inv * kzx.column(i);
-        let var = VARIANCE - kzx.column(i).dot(&w) + (&s_u * &w).dot(&w);
-        probit().expectation(&[w.dot(&m_u)], &[var], data.y()[i], &mut e);
-        expected += e.value;
-    }
+    let expected = dense_expected(post, data, &m_u, &s_u);
     let k22 = k.view((first, first), (m_t, m_t)).into_owned().cholesky().unwrap();
     let log_det =
         |c: &nalgebra::Cholesky<f64, nalgebra::Dyn>| 2.0 * c.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
@@ -609,25 +608,36 @@ fn global_bernoulli_block_is_stationary_for_the_dense_bound() {
         .view((block.start, block.start), (block.len(), block.len()))
         .into_owned();
     let bound = |m: &DVector<f64>, s: &DMatrix<f64>| dense_global_bound(post, &second, block.start, m, s);
+    assert_stationary(bound, &m2, &s2, &[(0, 0), (1, 0), (3, 3), (4, 2)]);
+}
+
+/// `bound`'s central differences vanish at `(m, s)`: in every entry of the
+/// mean (to 1e-5) and in the covariance's `entries`, each moved symmetrically (1e-4).
+fn assert_stationary(
+    bound: impl Fn(&DVector<f64>, &DMatrix<f64>) -> f64,
+    m: &DVector<f64>,
+    s: &DMatrix<f64>,
+    entries: &[(usize, usize)],
+) {
     let h = 1e-5;
-    for k in 0..block.len() {
-        let (mut up, mut down) = (m2.clone(), m2.clone());
+    for k in 0..m.len() {
+        let (mut up, mut down) = (m.clone(), m.clone());
         up[k] += h;
         down[k] -= h;
-        let fd = (bound(&up, &s2) - bound(&down, &s2)) / (2.0 * h);
-        assert!(fd.abs() < 1e-5, "∂F/∂m_2[{k}] = {fd}");
+        let fd = (bound(&up, s) - bound(&down, s)) / (2.0 * h);
+        assert!(fd.abs() < 1e-5, "∂F/∂m[{k}] = {fd}");
     }
-    for (i, j) in [(0, 0), (1, 0), (3, 3), (4, 2)] {
+    for &(i, j) in entries {
         let bump = |sign: f64| {
-            let mut s = s2.clone();
-            s[(i, j)] += sign * h;
+            let mut moved = s.clone();
+            moved[(i, j)] += sign * h;
             if i != j {
-                s[(j, i)] += sign * h;
+                moved[(j, i)] += sign * h;
             }
-            bound(&m2, &s)
+            bound(m, &moved)
         };
         let fd = (bump(1.0) - bump(-1.0)) / (2.0 * h);
-        assert!(fd.abs() < 1e-4, "∂F/∂S_2[{i},{j}] = {fd}");
+        assert!(fd.abs() < 1e-4, "∂F/∂S[{i},{j}] = {fd}");
     }
 }
 
@@ -654,16 +664,7 @@ fn dense_retrain_bound(
 ) -> f64 {
     let (m, m_old) = (post.m(), old.m());
     let k = k_zz(post);
-    let k_inv = k.clone().try_inverse().unwrap();
-    let kzx = se(&post.z, data.x());
-    let mut e = Expectation::default();
-    let mut expected = 0.0;
-    for i in 0..data.n() {
-        let w = &k_inv * kzx.column(i);
-        let var = VARIANCE - kzx.column(i).dot(&w) + (s_u * &w).dot(&w);
-        probit().expectation(&[w.dot(m_u)], &[var], data.y()[i], &mut e);
-        expected += e.value;
-    }
+    let expected = dense_expected(post, data, m_u, s_u);
     let zero = DVector::zeros(m);
     let entropy_less_kl = expected_log_normal(m_u, s_u, &zero, &k) - expected_log_normal(m_u, s_u, m_u, s_u);
     let (m1, s1) = (
@@ -694,24 +695,5 @@ fn retrain_bernoulli_posterior_is_stationary_for_the_dense_bound() {
     let post = l.fitted().unwrap();
     let (m_u, s_u) = post.q_u(0);
     let bound = |m: &DVector<f64>, s: &DMatrix<f64>| dense_retrain_bound(post, &old, &second, m, s);
-    let h = 1e-5;
-    for k in 0..post.m() {
-        let (mut up, mut down) = (m_u.clone(), m_u.clone());
-        up[k] += h;
-        down[k] -= h;
-        let fd = (bound(&up, &s_u) - bound(&down, &s_u)) / (2.0 * h);
-        assert!(fd.abs() < 1e-5, "∂F/∂m_u[{k}] = {fd}");
-    }
-    for (i, j) in [(0, 0), (2, 1), (6, 6), (8, 3)] {
-        let bump = |sign: f64| {
-            let mut s = s_u.clone();
-            s[(i, j)] += sign * h;
-            if i != j {
-                s[(j, i)] += sign * h;
-            }
-            bound(&m_u, &s)
-        };
-        let fd = (bump(1.0) - bump(-1.0)) / (2.0 * h);
-        assert!(fd.abs() < 1e-4, "∂F/∂S_u[{i},{j}] = {fd}");
-    }
+    assert_stationary(bound, &m_u, &s_u, &[(0, 0), (2, 1), (6, 6), (8, 3)]);
 }

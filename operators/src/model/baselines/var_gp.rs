@@ -317,6 +317,18 @@ struct BlockProblem {
     fixed: Vec<Sites>,
 }
 
+impl BlockProblem {
+    /// The block with columns `coords` of the points `cross` is of, against
+    /// the rest of `post` (the block itself at its prior) and no fixed sites.
+    fn against(post: &DualPosterior, cross: &Cross, coords: DMatrix<f64>) -> Self {
+        BlockProblem {
+            frozen: frozen_marginals(post, cross, &coords),
+            fixed: vec![Sites::zeros(coords.nrows()); post.n_latent()],
+            coords,
+        }
+    }
+}
+
 /// Learns the block of `post`'s inducing inputs from row `from` on (its
 /// sites zero on entry) from `data`, every earlier block held: VAR-GP, its
 /// block in the whitened coordinates `v_t = L_C⁻¹e_t` of the joint.
@@ -330,11 +342,7 @@ pub fn learn_block(
     let m_t = post.m() - from;
     let cross = post.cross(data.x());
     let coords = cross.a.rows(from, m_t).into_owned();
-    let problem = BlockProblem {
-        frozen: frozen_marginals(post, &cross, &coords),
-        coords,
-        fixed: vec![Sites::zeros(m_t); post.n_latent()],
-    };
+    let problem = BlockProblem::against(post, &cross, coords);
     let (own, report) = solve_block(post, from, &problem, likelihood, data, config)?;
     for (joint, own) in post.whitened.iter_mut().zip(&own) {
         joint.l.rows_mut(from, m_t).copy_from(&own.l);
@@ -370,13 +378,12 @@ fn learn_global_block(
         .l()
         .transpose()
         .solve_upper_triangular(&cross.a)
-        .expect("K's factor has a positive diagonal");
+        .ok_or_else(|| ModelError::Cholesky {
+            what: "K(Z, Z): its factor has a zero on the diagonal".into(),
+            jitter: post.jitter,
+        })?;
     let coords = l_t.tr_mul(&weights.rows(from, m_t));
-    let problem = BlockProblem {
-        frozen: frozen_marginals(post, &cross, &coords),
-        coords,
-        fixed: vec![Sites::zeros(m_t); post.n_latent()],
-    };
+    let problem = BlockProblem::against(post, &cross, coords);
     let (own, report) = solve_block(post, from, &problem, likelihood, data, config)?;
     let blocks = own
         .iter()
