@@ -14,7 +14,6 @@ mod common;
 mod parquet_files;
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -26,10 +25,9 @@ use arrow::array::{ArrayRef, Float64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{assert_fails_with, dualgp, produce, read_topic};
+use common::{assert_fails_with, dualgp, hostfile, newest_checkpoint, produce, read_topic};
 use dualgp_connectors::kafka::create_topic;
-use dualgp_connectors::{KafkaConnection, KafkaPosition};
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
+use dualgp_connectors::KafkaConnection;
 use parquet_files::{data, f64s, read_parquet, write_batch};
 
 /// The longest a cluster run may take before its processes are killed.
@@ -112,20 +110,6 @@ fn replay_in_one_process(data: &Path, dir: &Path, workers: usize) -> Written {
     let out = dualgp(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     written(dir, &tag)
-}
-
-/// A hostfile of two free ports on 127.0.0.1.
-fn hostfile(dir: &Path) -> PathBuf {
-    let ports: Vec<u16> = (0..2)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
-        .collect();
-    let path = dir.join("hosts");
-    std::fs::write(
-        &path,
-        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
-    )
-    .unwrap();
-    path
 }
 
 /// The processes of one cluster run, killed if the test fails or they hang.
@@ -403,14 +387,6 @@ fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Pat
         args.extend(["--checkpoint-dir".into(), path(dir).into()]);
     }
     args
-}
-
-fn newest_checkpoint(dir: &Path) -> Checkpoint<KafkaPosition> {
-    CheckpointStore::new(dir, 3)
-        .unwrap()
-        .latest()
-        .unwrap()
-        .expect("a checkpoint")
 }
 
 #[test]

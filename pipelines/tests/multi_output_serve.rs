@@ -17,10 +17,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use broker::Broker;
-use common::{produce, read_topic, serve_command};
+use common::{newest_checkpoint, produce, read_topic, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{KafkaConnection, KafkaPosition};
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
+use dualgp_operators::dataflow::Checkpoint;
 use dualgp_operators::model::{predict_outputs, Predictive, StreamingLearner};
 use dualgp_pipelines::protocol::Standardizer;
 use dualgp_pipelines::toys::heterogeneous;
@@ -165,8 +165,7 @@ fn serve_scores_each_messages_output_and_every_output_as_the_checkpointed_model_
 
     // A restart given only queries (no labels) scores them with the
     // checkpointed model: exactly what the library predicts with it.
-    let store = CheckpointStore::new(checkpoints.path(), 3).unwrap();
-    let checkpoint: Checkpoint<KafkaPosition> = store.latest().unwrap().expect("a checkpoint");
+    let checkpoint = newest_checkpoint(checkpoints.path());
     let scaling: Standardizer =
         serde_json::from_slice(&std::fs::read(checkpoints.path().join("scaling.json")).unwrap()).unwrap();
     let queries: Vec<(String, String)> = (0..QUERIES)

@@ -23,13 +23,12 @@ mod broker;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{produce, read_topic_within, serve_command};
+use common::{hostfile, newest_checkpoint, produce, read_topic_within, serve_command};
 use dualgp_connectors::kafka::create_topic;
 use dualgp_connectors::{KafkaConnection, KafkaPosition};
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
@@ -155,14 +154,6 @@ fn all_readable(dir: &Path) -> usize {
     files.len()
 }
 
-fn latest(dir: &Path) -> Checkpoint<KafkaPosition> {
-    CheckpointStore::new(dir, 3)
-        .unwrap()
-        .latest()
-        .unwrap()
-        .expect("a checkpoint")
-}
-
 #[test]
 #[ignore = "minutes long; scripts/soak.sh runs it"]
 fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
@@ -268,7 +259,7 @@ fn every_record_scored(address: &str, topic: &str, records: usize) -> (usize, us
 fn same_model_as_uninterrupted(soak_dir: &Path, calm_dir: &Path, records: usize) -> usize {
     let files = all_readable(soak_dir);
     assert_eq!(partial_writes(soak_dir), BTreeSet::new());
-    let (soak, calm) = (latest(soak_dir), latest(calm_dir));
+    let (soak, calm) = (newest_checkpoint(soak_dir), newest_checkpoint(calm_dir));
     assert_eq!(soak.epoch, calm.epoch);
     assert_eq!(soak.learner.n_seen, records as u64);
     assert_eq!(calm.learner.n_seen, records as u64);
@@ -303,20 +294,6 @@ fn write_figures(name: &str, figures: &serde_json::Value) {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(target.join(name), format!("{figures:#}\n")).unwrap();
-}
-
-/// A hostfile of two free ports on 127.0.0.1, kept for every restart.
-fn hostfile(dir: &Path) -> PathBuf {
-    let ports: Vec<u16> = (0..2)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
-        .collect();
-    let path = dir.join("hosts");
-    std::fs::write(
-        &path,
-        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
-    )
-    .unwrap();
-    path
 }
 
 /// Two `serve` processes of one worker as a timely cluster, each restarted

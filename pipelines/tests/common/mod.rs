@@ -114,6 +114,37 @@ pub fn read_topic_within(
     out
 }
 
+/// A timely hostfile of two free ports on 127.0.0.1, in `dir`.
+pub fn hostfile(dir: &std::path::Path) -> std::path::PathBuf {
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let path = dir.join("hosts");
+    std::fs::write(
+        &path,
+        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
+    )
+    .unwrap();
+    path
+}
+
+/// The newest checkpoint `serve` wrote in `dir`; there must be one.
+pub fn newest_checkpoint(
+    dir: &std::path::Path,
+) -> dualgp_operators::dataflow::Checkpoint<dualgp_connectors::KafkaPosition> {
+    dualgp_operators::dataflow::CheckpointStore::new(dir, 3)
+        .unwrap()
+        .latest()
+        .unwrap()
+        .expect("a checkpoint")
+}
+
 /// The Prometheus page `serve --metrics-port PORT` serves, if it can be read.
 pub fn metrics_page(port: u16) -> Option<String> {
     use std::io::{Read, Write};
