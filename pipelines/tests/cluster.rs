@@ -371,8 +371,10 @@ fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Pat
         "gaussian",
         "--batch-size",
         "100",
+        // Epochs must be cut by count alone (every partition holds a multiple
+        // of 100): a fetch slowed by a loaded machine must not close one early.
         "--batch-timeout-ms",
-        "3000",
+        "30000",
         "--inducing",
         "20",
         "--scoring",
