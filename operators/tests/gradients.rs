@@ -212,7 +212,23 @@ fn after_the_variance_has_grown_the_gradient_still_matches_finite_differences() 
 /// prior's conditional (its sites over `Z` and the conditional term); without,
 /// `E_q[log t]` does not move when `q` and `t` are held (its value is checked
 /// by the sequential learner's online-bound test).
-fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood, message: Option<(&PastMessage, DMatrix<f64>)>) {
+fn check_gradient_with_q_held(kernel: Kernel, lik: Likelihood, message: Option<(&PastMessage, DMatrix<f64>)>) {
+    check_with_q_held(kernel, lik, message, Moving::Hyperparameters);
+}
+
+/// What [`check_with_q_held`] moves.
+#[derive(Clone, Copy, PartialEq)]
+enum Moving {
+    Hyperparameters,
+    InducingInputs,
+}
+
+fn check_with_q_held(
+    kernel: Kernel,
+    mut lik: Likelihood,
+    message: Option<(&PastMessage, DMatrix<f64>)>,
+    moving: Moving,
+) {
     let (mut post, data) = fitted(kernel, &lik, 11);
     if let Some((_, z)) = &message {
         post = DualPosterior::new(post.kernel.clone(), z.clone(), post.n_latent()).unwrap();
@@ -228,22 +244,35 @@ fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood, message: Opti
     }
     let message = message.map(|(m, _)| m);
     let q: Vec<(DVector<f64>, DMatrix<f64>)> = (0..post.n_latent()).map(|c| post.q_u(c)).collect();
+    let with_z = moving == Moving::InducingInputs;
     let objective = |post: &DualPosterior, lik: &Likelihood| {
         let sites = message.map_or_else(|| vec![Sites::zeros(post.m()); post.n_latent()], |m| m.whitened(post));
         let mut o = DataTerms::new(post, lik, &data, &post.cross(data.x()), None, true).finish(post, lik, Some(&sites));
         if let Some(m) = message {
-            let (value, grad) = m.conditional_term(post);
-            o.value += value;
-            let mut kernel_part = o.grad.rows_mut(0, grad.len());
-            kernel_part += &grad;
+            let term = m.conditional_term(post, with_z);
+            o.value += term.value;
+            let mut kernel_part = o.grad.rows_mut(0, term.grad.len());
+            kernel_part += &term.grad;
+            if let Some(grad_z) = term.grad_z {
+                *o.grad_z.as_mut().unwrap() += grad_z;
+            }
         }
         o
     };
-    let analytic = objective(&post, &lik).grad;
-    let theta = hyperparameters(&post.kernel, &lik);
-    let value_at = |t: &DVector<f64>| {
+    let analytic = objective(&post, &lik);
+    let (analytic, start) = match moving {
+        Moving::Hyperparameters => (analytic.grad, hyperparameters(&post.kernel, &lik)),
+        Moving::InducingInputs => (
+            DVector::from_column_slice(analytic.grad_z.unwrap().as_slice()),
+            DVector::from_column_slice(post.z.as_slice()),
+        ),
+    };
+    let value_at = |p: &DVector<f64>| {
         let scale = post.kernel.prior_variance();
-        set_hyperparameters(&mut post.kernel, &mut lik, t);
+        match moving {
+            Moving::Hyperparameters => set_hyperparameters(&mut post.kernel, &mut lik, p),
+            Moving::InducingInputs => post.z.copy_from_slice(p.as_slice()),
+        }
         post.follow_kernel_scale(scale);
         // q(u) = N(μ, S) held: in v = L⁻¹u, S_v = L⁻¹SL⁻ᵀ = (I + P)⁻¹ and m_v = L⁻¹μ = S_v h.
         let l = post.k_zz().cholesky().unwrap().l();
@@ -256,7 +285,7 @@ fn check_gradient_with_q_held(kernel: Kernel, mut lik: Likelihood, message: Opti
         post.refresh().unwrap();
         objective(&post, &lik).value
     };
-    assert_matches_finite_differences(&analytic, &theta, value_at);
+    assert_matches_finite_differences(&analytic, &start, value_at);
 }
 
 #[test]
@@ -300,5 +329,27 @@ fn with_the_message_over_moved_inducing_inputs_the_gradient_matches_finite_diffe
             }
         });
         check_gradient_with_q_held(kernel, lik, Some((&message, z)));
+    }
+}
+
+/// The M-step that learns `Z` (`SequentialConfig::learn_inducing`): `∂F/∂Z`
+/// with `q(u)` held, past data's message formed over inputs `Z_a` that `Z`
+/// does not share (a shared input carries the jitter of one inducing
+/// variable, which a step away drops), and without a message.
+#[test]
+fn with_q_held_the_inducing_input_gradient_matches_finite_differences() {
+    for (kernel, lik) in [
+        (matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 }),
+        (
+            Kernel::stationary(Family::Matern32, 1.2, vec![0.9]),
+            Likelihood::Bernoulli { link: Link::Probit },
+        ),
+    ] {
+        check_with_q_held(kernel.clone(), lik.clone(), None, Moving::InducingInputs);
+        let (old, _) = fitted(kernel.clone(), &lik, 13);
+        let message = PastMessage::of(&old, &old.whitened);
+        let mut rng = ChaCha8Rng::seed_from_u64(19);
+        let z = DMatrix::from_fn(8, D, |_, _| rng.random_range(-2.0..2.0));
+        check_with_q_held(kernel, lik, Some((&message, z)), Moving::InducingInputs);
     }
 }

@@ -195,6 +195,10 @@ pub struct ModelArgs {
     /// the data, past inducing inputs standing for the points seen (README).
     #[arg(long)]
     pub inducing_pivot: Option<PivotName>,
+    /// The M-step moves the inducing inputs with the hyperparameters, from
+    /// where the inducing policy put them (dual-memory; true|false).
+    #[arg(long)]
+    pub learn_inducing: Option<bool>,
     #[arg(long)]
     pub memory_per_batch: Option<usize>,
     #[arg(long)]
@@ -299,6 +303,7 @@ impl ModelArgs {
             inducing: over.inducing.or(self.inducing),
             inducing_policy: over.inducing_policy.or(self.inducing_policy),
             inducing_pivot: over.inducing_pivot.or(self.inducing_pivot),
+            learn_inducing: over.learn_inducing.or(self.learn_inducing),
             memory_per_batch: over.memory_per_batch.or(self.memory_per_batch),
             memory_policy: over.memory_policy.or(self.memory_policy),
             memory_capacity: over.memory_capacity.or(self.memory_capacity),
@@ -371,6 +376,7 @@ impl ModelArgs {
                     inducing: 100,
                     inducing_policy: InducingPolicy::Pivoted,
                     pivot: Pivot::Variance,
+                    learn_inducing: false,
                     e_step: EStepConfig { steps: 4, rho: 0.8 },
                     // Ten, not thirty: level on the paper-uci folds and kin40k, and
                     // half the time on split Fashion-MNIST (docs/RESULTS.md, session 18).
@@ -451,6 +457,9 @@ impl ModelArgs {
                 InducingPolicyName::Pivoted => InducingPolicy::Pivoted,
             };
             s.z_first_rows &= p == InducingPolicyName::Fixed;
+        }
+        if let Some(learn) = self.learn_inducing {
+            q.learn_inducing = learn;
         }
         if let Some(n) = self.e_steps {
             q.e_step.steps = n;

@@ -70,12 +70,17 @@ impl PastMessage {
     /// What `E_q[log t(u_a)]` has beyond the expectation of [`whitened`](Self::whitened)'s
     /// sites when `Z` has moved from `Z_a`: `−½ Σ_c tr(η₂Q_a)` (`= −½tr(η̃₂W)`,
     /// `W = L₀⁻¹K_aaL₀⁻ᵀ − GGᵀ`, `G = L₀⁻¹K_auL⁻ᵀ`), and the gradient of the
-    /// whole `E_q[log t(u_a)]` in the kernel's log-parameters with `q(u)` held.
-    /// Zero while `Z` is where the message was formed: there the sites carry it all.
-    pub fn conditional_term(&self, post: &DualPosterior) -> (f64, DVector<f64>) {
+    /// whole `E_q[log t(u_a)]` with `q(u)` held: in the kernel's log-parameters,
+    /// and in `Z` if `with_z`. Zero while `Z` is where the message was formed
+    /// and stays there: the sites carry it all.
+    pub fn conditional_term(&self, post: &DualPosterior, with_z: bool) -> ConditionalTerm {
         let mut grad = DVector::zeros(post.kernel.n_params());
-        if self.z == post.z {
-            return (0.0, grad);
+        if self.z == post.z && !with_z {
+            return ConditionalTerm {
+                value: 0.0,
+                grad,
+                grad_z: None,
+            };
         }
         let factors = post.factors();
         let cross = post.inducing_cross(&self.z, &post.z);
@@ -136,8 +141,24 @@ impl PastMessage {
             + kernel.matrix_grad(&self.z, &self.z, &g_aa)
             + kernel.matrix_grad(&post.z, &post.z, &g_bb)
             + post.jitter_grad() * on_jitter;
-        (value, grad)
+        // Z enters K_au as its second input and K on both sides.
+        let grad_z = with_z.then(|| {
+            kernel.input_grad(&post.z, &self.z, &g_ab.transpose())
+                + kernel.input_grad(&post.z, &post.z, &g_bb)
+                + kernel.input_grad(&post.z, &post.z, &g_bb.transpose())
+        });
+        ConditionalTerm { value, grad, grad_z }
     }
+}
+
+/// [`PastMessage::conditional_term`]: its value and gradients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConditionalTerm {
+    pub value: f64,
+    /// In the kernel's log-parameters.
+    pub grad: DVector<f64>,
+    /// In `Z`, `m × d`, where asked for.
+    pub grad_z: Option<DMatrix<f64>>,
 }
 
 const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";

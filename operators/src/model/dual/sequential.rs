@@ -61,6 +61,12 @@ pub struct SequentialConfig {
     /// How pivoted Cholesky picks the inducing inputs (checkpoints before it: variance).
     #[serde(default)]
     pub pivot: Pivot,
+    /// The M-step moves the inducing inputs with the hyperparameters, from
+    /// where the inducing policy put them (gradient of the same bound; past
+    /// data's message follows through the prior's conditional). Off: `Z` is
+    /// the policy's alone (the paper).
+    #[serde(default)]
+    pub learn_inducing: bool,
     pub e_step: EStepConfig,
     /// Adam steps or L-BFGS iterations on the hyperparameters per round
     /// (0: hyperparameters fixed).
@@ -114,6 +120,7 @@ impl Default for SequentialConfig {
             inducing: 100,
             inducing_policy: InducingPolicy::Pivoted,
             pivot: Pivot::Variance,
+            learn_inducing: false,
             e_step: EStepConfig::default(),
             m_steps: 20,
             m_tolerance: tenth(),
@@ -682,7 +689,7 @@ impl SequentialLearner {
             true => None,
             false => Some(self.past(shards, messages).await?),
         };
-        let theta = hyperparameters(self.kernel(), &self.likelihood);
+        let theta = self.m_step_point();
         let mut evaluations = 0;
         match self.config.optimizer {
             Optimizer::Adam { .. } => {
@@ -767,6 +774,17 @@ impl SequentialLearner {
         Ok(Past { messages, sites })
     }
 
+    /// Where the M-step stands: `θ`, then `Z` by columns if it learns them.
+    fn m_step_point(&self) -> DVector<f64> {
+        let theta = hyperparameters(self.kernel(), &self.likelihood);
+        match (self.config.learn_inducing, &self.posterior) {
+            (true, Some(post)) => {
+                DVector::from_iterator(theta.len() + post.z.len(), theta.iter().chain(post.z.iter()).copied())
+            }
+            _ => theta,
+        }
+    }
+
     /// `F(θ)` and its gradient at the current hyperparameters, with the batch
     /// and memory re-learned first if so configured.
     async fn objective(
@@ -784,9 +802,11 @@ impl SequentialLearner {
                 None => self.relearn_with(shards, self.config.e_step).await?,
             }
         }
+        let with_z = self.config.learn_inducing;
         let query = Query::Gradient {
             model: self.current(),
             memory_weight,
+            with_z,
         };
         let terms = match shards.ask(query).await {
             Answer::Terms(terms) => terms.total(),
@@ -795,12 +815,22 @@ impl SequentialLearner {
         let post = self.require()?;
         let mut objective = terms.finish(post, &self.likelihood, past.map(|p| p.sites.as_slice()));
         for message in past.iter().flat_map(|p| &p.messages) {
-            let (value, grad) = message.conditional_term(post);
-            objective.value += value;
-            let mut kernel_part = objective.grad.rows_mut(0, grad.len());
-            kernel_part += &grad;
+            let term = message.conditional_term(post, with_z);
+            objective.value += term.value;
+            let mut kernel_part = objective.grad.rows_mut(0, term.grad.len());
+            kernel_part += &term.grad;
+            if let (Some(total), Some(part)) = (objective.grad_z.as_mut(), &term.grad_z) {
+                *total += part;
+            }
         }
-        Ok((objective.value, objective.grad))
+        let grad = match objective.grad_z {
+            Some(grad_z) => DVector::from_iterator(
+                objective.grad.len() + grad_z.len(),
+                objective.grad.iter().chain(grad_z.iter()).copied(),
+            ),
+            None => objective.grad,
+        };
+        Ok((objective.value, grad))
     }
 
     /// Re-learns the points that answer under the current `θ`: the totals
@@ -821,12 +851,20 @@ impl SequentialLearner {
         }
     }
 
-    /// Sets `θ` with the site totals held; past data's part follows its
-    /// message instead, which stays put in u-space.
-    fn set_hyperparameters(&mut self, theta: &DVector<f64>, past: Option<&mut Past>) -> Result<()> {
+    /// Sets `θ` (and `Z`, when the M-step learns it: see [`m_step_point`](Self::m_step_point))
+    /// with the site totals held; past data's part follows its message
+    /// instead, which stays put in u-space.
+    fn set_hyperparameters(&mut self, point: &DVector<f64>, past: Option<&mut Past>) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
         let likelihood = &mut self.likelihood;
-        let t = post.change_holding_totals(|kernel, _| set_hyperparameters(kernel, likelihood, theta))?;
+        let n_theta = post.kernel.n_params() + likelihood.n_params();
+        let theta = point.rows(0, n_theta).into_owned();
+        let t = post.change_holding_totals(|kernel, z| {
+            set_hyperparameters(kernel, likelihood, &theta);
+            if point.len() > n_theta {
+                z.copy_from_slice(&point.as_slice()[n_theta..]);
+            }
+        })?;
         if let Some(past) = past {
             let sites = past.whitened(post);
             for ((totals, new), old) in post.whitened.iter_mut().zip(&sites).zip(&mut past.sites) {

@@ -72,8 +72,13 @@ pub enum Query {
     /// Undo the last E-step and the one before it: back to the sites the
     /// step before last started from (see [`Backtracking`](crate::model::dual::estep::Backtracking)).
     Restore,
-    /// The data terms of the M-step objective, memory terms weighted.
-    Gradient { model: Snapshot, memory_weight: f64 },
+    /// The data terms of the M-step objective, memory terms weighted; `∂F/∂Z`
+    /// only `with_z` (an M-step that moves the inducing inputs).
+    Gradient {
+        model: Snapshot,
+        memory_weight: f64,
+        with_z: bool,
+    },
     /// The points' contribution to the totals, with the columns their sites
     /// were added with, whitened under `model`.
     Contribution { model: Snapshot },
@@ -443,7 +448,11 @@ impl Block {
                 last.clone_from(before_last);
                 Answer::Nothing
             }
-            Query::Gradient { model, memory_weight } => match &self.points {
+            Query::Gradient {
+                model,
+                memory_weight,
+                with_z,
+            } => match &self.points {
                 Some(points) => {
                     let n_batch = self.n_batch();
                     let weights: Vec<f64> = (0..points.n())
@@ -464,7 +473,7 @@ impl Block {
                         points,
                         cross,
                         Some(&weights),
-                        false,
+                        *with_z,
                     );
                     Answer::Terms(BlockSums::one(self.block, terms))
                 }
