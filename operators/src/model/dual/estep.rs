@@ -255,6 +255,7 @@ pub fn e_step_at(
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
         let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.step(), None);
+        let expected = expected.expect("a likelihood that is not conjugate has its expectation");
         let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
@@ -354,6 +355,11 @@ const BOUND_TOLERANCE: f64 = 1e-12;
 /// changes of the sites (of their contribution to the totals:
 /// `change.totals(&cross.a)`). Shares of points update independently; both
 /// add up.
+///
+/// A conjugate likelihood's sites do not depend on the marginal variances
+/// (its `α̂`, `β̂` are those of a Gaussian in `μ` alone) and its steps are
+/// exact, so no bound checks them: the variances, an `m × m × n` product,
+/// are skipped and the expectation is `None`.
 pub fn site_update(
     post: &DualPosterior,
     likelihood: &Likelihood,
@@ -362,10 +368,14 @@ pub fn site_update(
     sites: &mut PointSites,
     step: StepSize,
     anchored: Option<&Anchored>,
-) -> (f64, PointSites) {
+) -> (Option<f64>, PointSites) {
     let rho = step.rho;
     let n_latent = post.n_latent();
-    let marginals = post.marginals(cross);
+    let conjugate = likelihood.is_conjugate();
+    let marginals = match conjugate {
+        true => post.marginal_means(cross),
+        false => post.marginals(cross),
+    };
     let mut change = PointSites::zeros(data.n(), n_latent);
     let mut expected = 0.0;
     let mut e = Expectation::default();
@@ -388,5 +398,5 @@ pub fn site_update(
             sites.s2[(i, c)] = s2;
         }
     });
-    (expected, change)
+    ((!conjugate).then_some(expected), change)
 }

@@ -418,6 +418,21 @@ impl DualPosterior {
         Marginals { mean, var }
     }
 
+    /// [`marginals`](Self::marginals)' means alone, the variances left zero:
+    /// for callers that only read the means.
+    pub fn marginal_means(&self, cross: &Cross) -> Marginals {
+        let n = cross.a.ncols();
+        let f = self.factors();
+        let mut mean = DMatrix::zeros(n, self.n_latent());
+        for c in 0..self.n_latent() {
+            mean.set_column(c, &cross.a.tr_mul(&f.m_v[c]));
+        }
+        Marginals {
+            mean,
+            var: DMatrix::zeros(n, self.n_latent()),
+        }
+    }
+
     /// `q(u) = N(m_u, S)` of latent `c`: `m_u = L m_v`, `S = L D⁻¹ Lᵀ`.
     pub fn q_u(&self, c: usize) -> (DVector<f64>, DMatrix<f64>) {
         let f = self.factors();

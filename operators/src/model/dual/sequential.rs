@@ -572,7 +572,10 @@ impl SequentialLearner {
             let post = self.posterior.as_mut().expect("initialised");
             // Conjugate steps are exact: nothing to check, no bound to compute.
             let back = if checked {
-                let value = bound(post, step.expected, &others);
+                let expected = step.expected.ok_or_else(|| {
+                    ModelError::Config("an E-step of a likelihood that is not conjugate came without its expectation".into())
+                })?;
+                let value = bound(post, expected, &others);
                 tracing::debug!(
                     rho = guard.step().rho,
                     radius = guard.step().radius,

@@ -163,16 +163,17 @@ impl Summand for Vec<Sites> {
 }
 
 /// One E-step of some points: `Σ_i E_q[log p(y_i|f_i)]` at the sites it
-/// started from, and the change of their contribution to the totals.
+/// started from (`None` for a conjugate likelihood, see
+/// [`site_update`]), and the change of their contribution to the totals.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SiteStep {
-    pub expected: f64,
+    pub expected: Option<f64>,
     pub change: Vec<Sites>,
 }
 
 impl Summand for SiteStep {
     fn add(&mut self, other: &Self) {
-        self.expected += other.expected;
+        self.expected = self.expected.zip(other.expected).map(|(a, b)| a + b);
         self.change.add(&other.change);
     }
 }
