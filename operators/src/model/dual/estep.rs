@@ -15,7 +15,7 @@ use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::ControlVariate;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
-use crate::model::math::linalg::{add_weighted_gram, symmetrize};
+use crate::model::math::linalg::weighted_gram;
 
 /// `β̂` is clipped from below so that every site stays a valid precision.
 pub const BETA_MIN: f64 = 1e-8;
@@ -162,12 +162,11 @@ impl PointSites {
         let m = a.nrows();
         (0..self.s1.ncols())
             .map(|c| {
-                let mut lambda = DMatrix::zeros(m, m);
                 // A Gaussian likelihood's β̂ is constant: later steps leave Λ alone.
-                if self.s2.column(c).iter().any(|&v| v != 0.0) {
-                    add_weighted_gram(&mut lambda, a, self.s2.column(c).as_slice());
-                    symmetrize(&mut lambda);
-                }
+                let lambda = match self.s2.column(c).iter().any(|&v| v != 0.0) {
+                    true => weighted_gram(a, self.s2.column(c).as_slice()),
+                    false => DMatrix::zeros(m, m),
+                };
                 Sites {
                     l: a * self.s1.column(c),
                     lambda,
