@@ -30,8 +30,11 @@ use crate::model::likelihood::Expectation;
 use crate::model::math::kernel::Kernel;
 
 /// How many blocks the points are summed in. Up to this many workers share
-/// the work; more would idle.
-pub const BLOCKS: u64 = 32;
+/// the work; more would idle. Few enough that a block's `m × m × n` products
+/// have a long inner dimension (at 32, an update of 1000 records and 1000
+/// memory points gave them ~60 columns, and each block's `m × m`
+/// temporaries and sums cost about a fifth of an update).
+pub const BLOCKS: u64 = 8;
 
 /// The block of a record id. Worker `block % peers` owns the block: records
 /// and the memory points they become stay on the same worker.
