@@ -102,7 +102,9 @@ fn solve_lower_transposed_blocked(l: DMatrixView<'_, f64>, mut b: DMatrixViewMut
     let half = m / 2;
     let (mut top, mut bottom) = b.rows_range_pair_mut(0..half, half..m);
     solve_lower_transposed_blocked(l.view((half, half), (m - half, m - half)), bottom.as_view_mut());
-    top.gemm_tr(-1.0, &l.view((half, 0), (m - half, half)), &bottom, 1.0);
+    // nalgebra's gemm_tr takes a dot product per entry; a transposed copy of
+    // the block goes through the matrix product instead.
+    top.gemm(-1.0, &l.view((half, 0), (m - half, half)).transpose(), &bottom, 1.0);
     solve_lower_transposed_blocked(l.view((0, 0), (half, half)), top);
 }
 
