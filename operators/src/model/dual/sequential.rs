@@ -573,7 +573,9 @@ impl SequentialLearner {
             // Conjugate steps are exact: nothing to check, no bound to compute.
             let back = if checked {
                 let expected = step.expected.ok_or_else(|| {
-                    ModelError::Config("an E-step of a likelihood that is not conjugate came without its expectation".into())
+                    ModelError::Config(
+                        "an E-step of a likelihood that is not conjugate came without its expectation".into(),
+                    )
                 })?;
                 let value = bound(post, expected, &others);
                 tracing::debug!(

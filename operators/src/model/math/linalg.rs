@@ -250,9 +250,12 @@ fn lower_gram(mut c: DMatrixViewMut<'_, f64>, x: &DMatrix<f64>, a: &DMatrix<f64>
     let half = m / 2;
     let (mut top, mut bottom) = c.rows_range_pair_mut(0..half, half..m);
     lower_gram(top.columns_range_mut(0..half), x, a, from);
-    bottom
-        .columns_range_mut(0..half)
-        .gemm(1.0, &x.rows(from + half, m - half), &rows_transposed(a, from, half), 0.0);
+    bottom.columns_range_mut(0..half).gemm(
+        1.0,
+        &x.rows(from + half, m - half),
+        &rows_transposed(a, from, half),
+        0.0,
+    );
     lower_gram(bottom.columns_range_mut(half..m), x, a, from + half);
 }
 
