@@ -33,8 +33,10 @@ use crate::model::math::kernel::Kernel;
 /// the work; more would idle. Few enough that a block's `m × m × n` products
 /// have a long inner dimension (at 32, an update of 1000 records and 1000
 /// memory points gave them ~60 columns, and each block's `m × m`
-/// temporaries and sums cost about a fifth of an update).
-pub const BLOCKS: u64 = 8;
+/// temporaries and sums cost about a fifth of an update). 8 was faster
+/// still on 2 workers, but left the M-step's sample of a 150-point batch
+/// (`m_sample`, whole blocks) too coarse for the sampled-bound test.
+pub const BLOCKS: u64 = 16;
 
 /// The block of a record id. Worker `block % peers` owns the block: records
 /// and the memory points they become stay on the same worker.
