@@ -708,8 +708,8 @@ impl SequentialLearner {
                 while let Some(theta) = search.next_point() {
                     evaluations += 1;
                     let set = match past.as_mut() {
-                        Some(past) if refits => self.set_hyperparameters_to_refit(&theta, past),
-                        past => self.set_hyperparameters(&theta, past),
+                        Some(past) if refits => self.set_hyperparameters_to_refit(theta, past),
+                        past => self.set_hyperparameters(theta, past),
                     };
                     let outcome = match set {
                         Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,
