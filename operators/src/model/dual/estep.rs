@@ -15,7 +15,7 @@ use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::ControlVariate;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
-use crate::model::math::linalg::{add_weighted_gram, symmetrize};
+use crate::model::math::linalg::weighted_gram;
 
 /// `β̂` is clipped from below so that every site stays a valid precision.
 pub const BETA_MIN: f64 = 1e-8;
@@ -162,12 +162,11 @@ impl PointSites {
         let m = a.nrows();
         (0..self.s1.ncols())
             .map(|c| {
-                let mut lambda = DMatrix::zeros(m, m);
                 // A Gaussian likelihood's β̂ is constant: later steps leave Λ alone.
-                if self.s2.column(c).iter().any(|&v| v != 0.0) {
-                    add_weighted_gram(&mut lambda, a, self.s2.column(c).as_slice());
-                    symmetrize(&mut lambda);
-                }
+                let lambda = match self.s2.column(c).iter().any(|&v| v != 0.0) {
+                    true => weighted_gram(a, self.s2.column(c).as_slice()),
+                    false => DMatrix::zeros(m, m),
+                };
                 Sites {
                     l: a * self.s1.column(c),
                     lambda,
@@ -255,6 +254,7 @@ pub fn e_step_at(
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
         let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.step(), None);
+        let expected = expected.expect("a likelihood that is not conjugate has its expectation");
         let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
@@ -354,6 +354,11 @@ const BOUND_TOLERANCE: f64 = 1e-12;
 /// changes of the sites (of their contribution to the totals:
 /// `change.totals(&cross.a)`). Shares of points update independently; both
 /// add up.
+///
+/// A conjugate likelihood's sites do not depend on the marginal variances
+/// (its `α̂`, `β̂` are those of a Gaussian in `μ` alone) and its steps are
+/// exact, so no bound checks them: the variances, an `m × m × n` product,
+/// are skipped and the expectation is `None`.
 pub fn site_update(
     post: &DualPosterior,
     likelihood: &Likelihood,
@@ -362,10 +367,14 @@ pub fn site_update(
     sites: &mut PointSites,
     step: StepSize,
     anchored: Option<&Anchored>,
-) -> (f64, PointSites) {
+) -> (Option<f64>, PointSites) {
     let rho = step.rho;
     let n_latent = post.n_latent();
-    let marginals = post.marginals(cross);
+    let conjugate = likelihood.is_conjugate();
+    let marginals = match conjugate {
+        true => post.marginal_means(cross),
+        false => post.marginals(cross),
+    };
     let mut change = PointSites::zeros(data.n(), n_latent);
     let mut expected = 0.0;
     let mut e = Expectation::default();
@@ -388,5 +397,5 @@ pub fn site_update(
             sites.s2[(i, c)] = s2;
         }
     });
-    (expected, change)
+    ((!conjugate).then_some(expected), change)
 }

@@ -14,7 +14,7 @@ use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::kernel::Kernel;
-use crate::model::math::linalg::transposed;
+use crate::model::math::linalg::gram_of_scaled;
 
 /// `F(θ)` and `∂F/∂ log θ`.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,7 +158,6 @@ impl DataTerms {
 
         // Chain rule into K(Z,X) and k(x_i, x_i); what goes through K(Z, Z)
         // needs only the sums kept in `kzx_d_mean` and `gram_d_var`.
-        let k_inv = factors.k_inv();
         let mut g_kzx = DMatrix::zeros(post.m(), n);
         let mut g_diag = DVector::zeros(n);
         for c in 0..n_latent {
@@ -173,8 +172,8 @@ impl DataTerms {
             for (mut col, &bj) in kzx_b.column_iter_mut().zip(b.iter()) {
                 col *= bj;
             }
-            g_kzx.gemm(2.0, &(factors.r_inv(c) - k_inv), &kzx_b, 1.0);
-            terms.gram_d_var[c] = &kzx_b * transposed(&cross.kzx);
+            g_kzx.gemm(2.0, factors.r_inv_minus_k_inv(c), &kzx_b, 1.0);
+            terms.gram_d_var[c] = gram_of_scaled(&kzx_b, &cross.kzx);
         }
         let kernel = &post.kernel;
         terms.kernel_grad = kernel.matrix_grad(&post.z, data.x(), &g_kzx) + kernel.diag_grad(data.x(), &g_diag);

@@ -9,7 +9,7 @@ use nalgebra::{DMatrix, DVector};
 
 use crate::model::dual::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
 use crate::model::math::linalg::{
-    solve_lower_in_place, solve_lower_matrix_in_place, solve_lower_transposed_matrix_in_place, symmetrize,
+    solve_lower_in_place, solve_lower_matrix_in_place, solve_lower_transposed_matrix_in_place, symmetrize, transposed,
 };
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
@@ -24,6 +24,9 @@ pub struct PastMessage {
     z: DMatrix<f64>,
     l0: DMatrix<f64>,
     eta: Vec<Sites>,
+    /// `η` in u-space, `(η₁, η₂)` per latent: fixed while the M-step moves `θ`,
+    /// so made once rather than at every evaluation.
+    eta_u: Vec<Sites>,
 }
 
 impl PastMessage {
@@ -31,16 +34,19 @@ impl PastMessage {
     /// kernel and `Z`), with `η̃₂`'s negative eigenvalues set to zero (see
     /// [`without_negative_curvature`]).
     pub fn of(post: &DualPosterior, whitened: &[Sites]) -> Self {
+        let eta: Vec<Sites> = whitened
+            .iter()
+            .map(|s| Sites {
+                l: s.l.clone(),
+                lambda: without_negative_curvature(s.lambda.clone()),
+            })
+            .collect();
+        let l0 = post.factors().chol_k.l();
         PastMessage {
             z: post.z.clone(),
-            l0: post.factors().chol_k.l(),
-            eta: whitened
-                .iter()
-                .map(|s| Sites {
-                    l: s.l.clone(),
-                    lambda: without_negative_curvature(s.lambda.clone()),
-                })
-                .collect(),
+            eta_u: u_space(&l0, &eta),
+            l0,
+            eta,
         }
     }
 
@@ -50,6 +56,7 @@ impl PastMessage {
             eta.l *= factor;
             eta.lambda *= factor;
         }
+        self.eta_u = u_space(&self.l0, &self.eta);
         self
     }
 
@@ -97,11 +104,6 @@ impl PastMessage {
         solve_lower_in_place(&factors.chol_k, &mut g);
         let g = g.transpose();
         let w = whiten_a(&whiten_a(&k_aa).transpose()) - &g * g.transpose();
-        let unwhiten = |v: &DMatrix<f64>| {
-            let mut v = v.clone();
-            solve_lower_transposed_matrix_in_place(&self.l0, &mut v);
-            v
-        };
         let k_inv = factors.k_inv();
         let (mut g_ab, mut g_aa, mut g_bb) = (
             DMatrix::zeros(cross.nrows(), cross.ncols()),
@@ -109,20 +111,20 @@ impl PastMessage {
             DMatrix::zeros(post.m(), post.m()),
         );
         let mut value = 0.0;
-        for (c, eta) in self.eta.iter().enumerate() {
+        for (c, (eta, eta_u)) in self.eta.iter().zip(&self.eta_u).enumerate() {
             value -= 0.5 * eta.lambda.component_mul(&w).sum();
-            // u-space η₁ = L₀⁻ᵀη̃₁, η₂ = L₀⁻ᵀη̃₂L₀⁻¹; over u: l = K_uaη₁, Λ = K_uaη₂K_au.
-            let eta1 = self.l0.tr_solve_lower_triangular(&eta.l).expect(POSITIVE_DIAGONAL);
-            let mut eta2 = unwhiten(&unwhiten(&eta.lambda).transpose());
-            symmetrize(&mut eta2);
+            // Over u: l = K_uaη₁, Λ = K_uaη₂K_au.
+            let (eta1, eta2) = (&eta_u.l, &eta_u.lambda);
             let (w_c, r_inv) = (&factors.w[c], factors.r_inv(c));
-            let l = cross.tr_mul(&eta1);
-            let lambda = cross.tr_mul(&(&eta2 * &cross));
+            let l = cross.tr_mul(eta1);
+            let eta2_cross = eta2 * &cross;
+            // As one matrix product: nalgebra's `tr_mul` takes a dot product per entry.
+            let lambda = transposed(&cross) * &eta2_cross;
             // E = η₁ᵀK_auw − ½wᵀΛw − ½tr(ΛR⁻¹) − ½tr(η₂K_aa) + ½tr(η₂K_auK⁻¹K_ua), with
             // w = K⁻¹μ and R⁻¹ = K⁻¹SK⁻¹ following K as q(u) = N(μ, S) is held.
             let outer = w_c * w_c.transpose() + r_inv - k_inv;
-            g_ab += &eta1 * w_c.transpose() - &eta2 * &cross * outer;
-            g_aa -= 0.5 * &eta2;
+            g_ab += eta1 * w_c.transpose() - eta2_cross * outer;
+            g_aa -= 0.5 * eta2;
             let residual = &l - &lambda * w_c;
             let k_inv_lambda = k_inv * &lambda;
             let sym = &k_inv_lambda * r_inv;
@@ -162,6 +164,23 @@ pub struct ConditionalTerm {
 }
 
 const POSITIVE_DIAGONAL: &str = "a Cholesky factor has a positive diagonal";
+
+/// The whitened sites `eta` (under `L₀`) in u-space: `η₁ = L₀⁻ᵀη̃₁`, `η₂ = L₀⁻ᵀη̃₂L₀⁻¹`.
+fn u_space(l0: &DMatrix<f64>, eta: &[Sites]) -> Vec<Sites> {
+    let unwhiten = |v: &DMatrix<f64>| {
+        let mut v = v.clone();
+        solve_lower_transposed_matrix_in_place(l0, &mut v);
+        v
+    };
+    eta.iter()
+        .map(|eta| {
+            let l = l0.tr_solve_lower_triangular(&eta.l).expect(POSITIVE_DIAGONAL);
+            let mut lambda = unwhiten(&unwhiten(&eta.lambda).transpose());
+            symmetrize(&mut lambda);
+            Sites { l, lambda }
+        })
+        .collect()
+}
 
 /// `a` (symmetric) with its negative eigenvalues set to zero. Past data of a
 /// log-concave likelihood says `u` is at least as certain as the prior does,

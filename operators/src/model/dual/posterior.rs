@@ -110,18 +110,29 @@ pub(crate) struct Factors {
     d_inv_halves: OnceLock<Vec<DMatrix<f64>>>,
 }
 
-/// `K⁻¹` and each `R_c⁻¹`.
-type Inverses = (DMatrix<f64>, Vec<DMatrix<f64>>);
+/// `K⁻¹`, each `R_c⁻¹` and each `R_c⁻¹ − K⁻¹`.
+#[derive(Debug, Clone)]
+struct Inverses {
+    k_inv: DMatrix<f64>,
+    r_inv: Vec<DMatrix<f64>>,
+    /// Every block of points multiplies by it in the M-step's gradient.
+    r_minus_k: Vec<DMatrix<f64>>,
+}
 
 impl Factors {
     /// `K⁻¹`.
     pub fn k_inv(&self) -> &DMatrix<f64> {
-        &self.inverses().0
+        &self.inverses().k_inv
     }
 
     /// `R_c⁻¹ = L⁻ᵀD⁻¹L⁻¹`.
     pub fn r_inv(&self, c: usize) -> &DMatrix<f64> {
-        &self.inverses().1[c]
+        &self.inverses().r_inv[c]
+    }
+
+    /// `R_c⁻¹ − K⁻¹`.
+    pub fn r_inv_minus_k_inv(&self, c: usize) -> &DMatrix<f64> {
+        &self.inverses().r_minus_k[c]
     }
 
     /// `L_D⁻¹` of latent `c`: `D⁻¹ = L_D⁻ᵀL_D⁻¹`.
@@ -141,7 +152,7 @@ impl Factors {
 
     fn inverses(&self) -> &Inverses {
         self.inverses.get_or_init(|| {
-            let r_inv = (0..self.chol_d.len())
+            let r_inv: Vec<DMatrix<f64>> = (0..self.chol_d.len())
                 .map(|c| {
                     // R⁻¹ = XXᵀ with X = L⁻ᵀ L_D⁻ᵀ.
                     let mut x = self.d_inv_half(c).transpose();
@@ -149,7 +160,13 @@ impl Factors {
                     &x * x.transpose()
                 })
                 .collect();
-            Box::new((cholesky_inverse(&self.chol_k), r_inv))
+            let k_inv = cholesky_inverse(&self.chol_k);
+            let r_minus_k = r_inv.iter().map(|r| r - &k_inv).collect();
+            Box::new(Inverses {
+                k_inv,
+                r_inv,
+                r_minus_k,
+            })
         })
     }
 }
@@ -285,6 +302,32 @@ impl DualPosterior {
         Ok(t)
     }
 
+    /// Changes the kernel and `Z` (by `change`; `m` stays) and sets the site
+    /// totals to zero, for a caller that sets them anew under the new `K`:
+    /// re-expressing them as [`change_holding_totals`](Self::change_holding_totals)
+    /// does costs several `m³` products and two factorisations.
+    pub fn change_dropping_totals(&mut self, change: impl FnOnce(&mut Kernel, &mut DMatrix<f64>)) -> Result<()> {
+        let scale = self.kernel.prior_variance();
+        change(&mut self.kernel, &mut self.z);
+        self.follow_kernel_scale(scale);
+        let chol_k = self.factor_k()?;
+        let m = self.m();
+        for sites in &mut self.whitened {
+            *sites = Sites::zeros(m);
+        }
+        // Zero sites: D = I is its own factor, and the means are zero.
+        let n_latent = self.n_latent();
+        self.factors = Some(Factors {
+            chol_k,
+            chol_d: vec![Cholesky::pack_dirty(DMatrix::identity(m, m)); n_latent],
+            m_v: vec![DVector::zeros(m); n_latent],
+            w: vec![DVector::zeros(m); n_latent],
+            inverses: OnceLock::new(),
+            d_inv_halves: OnceLock::new(),
+        });
+        Ok(())
+    }
+
     /// Keeps the jitter the same fraction of the prior variance after the
     /// kernel changed from one whose prior variance was `before`. A fixed
     /// jitter under a variance grown by 10⁴ leaves `K` conditioned 10⁴ times
@@ -367,6 +410,13 @@ impl DualPosterior {
         Ok(())
     }
 
+    /// Makes the inverses the M-step's gradient needs now, so that the
+    /// snapshots cloned from here on carry them: every worker (and every
+    /// evaluation's learner) would otherwise make the same ones again.
+    pub fn prepare_gradients(&self) {
+        self.factors().k_inv();
+    }
+
     pub(crate) fn factors(&self) -> &Factors {
         self.factors
             .as_ref()
@@ -416,6 +466,21 @@ impl DualPosterior {
             var.set_column(c, &(&cross.residual_var + column_sq_norms(&b)));
         }
         Marginals { mean, var }
+    }
+
+    /// [`marginals`](Self::marginals)' means alone, the variances left zero:
+    /// for callers that only read the means.
+    pub fn marginal_means(&self, cross: &Cross) -> Marginals {
+        let n = cross.a.ncols();
+        let f = self.factors();
+        let mut mean = DMatrix::zeros(n, self.n_latent());
+        for c in 0..self.n_latent() {
+            mean.set_column(c, &cross.a.tr_mul(&f.m_v[c]));
+        }
+        Marginals {
+            mean,
+            var: DMatrix::zeros(n, self.n_latent()),
+        }
     }
 
     /// `q(u) = N(m_u, S)` of latent `c`: `m_u = L m_v`, `S = L D⁻¹ Lᵀ`.

@@ -579,7 +579,12 @@ impl SequentialLearner {
             let post = self.posterior.as_mut().expect("initialised");
             // Conjugate steps are exact: nothing to check, no bound to compute.
             let back = if checked {
-                let value = bound(post, step.expected, &others);
+                let expected = step.expected.ok_or_else(|| {
+                    ModelError::Config(
+                        "an E-step of a likelihood that is not conjugate came without its expectation".into(),
+                    )
+                })?;
+                let value = bound(post, expected, &others);
                 tracing::debug!(
                     rho = guard.step().rho,
                     radius = guard.step().radius,
@@ -705,9 +710,15 @@ impl SequentialLearner {
                 let mut search = Lbfgs::new(theta, self.config.m_steps, history)
                     .with_tolerance(self.config.m_tolerance)
                     .with_curvature(std::mem::take(&mut self.curvature));
+                // Each evaluation refits the totals from past data's sites.
+                let refits = self.config.relearn_in_m_step && past.is_some();
                 while let Some(theta) = search.next_point() {
                     evaluations += 1;
-                    let outcome = match self.set_hyperparameters(&theta.clone(), past.as_mut()) {
+                    let set = match past.as_mut() {
+                        Some(past) if refits => self.set_hyperparameters_to_refit(theta, past),
+                        past => self.set_hyperparameters(theta, past),
+                    };
+                    let outcome = match set {
                         Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,
                         Err(e) => Err(e),
                     };
@@ -803,6 +814,7 @@ impl SequentialLearner {
             }
         }
         let with_z = self.config.learn_inducing;
+        self.require()?.prepare_gradients();
         let query = Query::Gradient {
             model: self.current(),
             memory_weight,
@@ -875,6 +887,17 @@ impl SequentialLearner {
             past.sites = sites;
             post.refresh_sites()?;
         }
+        Ok(())
+    }
+
+    /// [`set_hyperparameters`](Self::set_hyperparameters) before a
+    /// [`refit`](Self::refit), which sets the totals anew from past data's
+    /// sites: only `K`'s factor and those sites follow `θ` here.
+    fn set_hyperparameters_to_refit(&mut self, theta: &DVector<f64>, past: &mut Past) -> Result<()> {
+        let post = self.posterior.as_mut().expect("initialised");
+        let likelihood = &mut self.likelihood;
+        post.change_dropping_totals(|kernel, _| set_hyperparameters(kernel, likelihood, theta))?;
+        past.sites = past.whitened(post);
         Ok(())
     }
 

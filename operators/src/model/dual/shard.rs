@@ -30,8 +30,13 @@ use crate::model::likelihood::Expectation;
 use crate::model::math::kernel::Kernel;
 
 /// How many blocks the points are summed in. Up to this many workers share
-/// the work; more would idle.
-pub const BLOCKS: u64 = 32;
+/// the work; more would idle. Few enough that a block's `m × m × n` products
+/// have a long inner dimension (at 32, an update of 1000 records and 1000
+/// memory points gave them ~60 columns, and each block's `m × m`
+/// temporaries and sums cost about a fifth of an update). 8 was faster
+/// still on 2 workers, but left the M-step's sample of a 150-point batch
+/// (`m_sample`, whole blocks) too coarse for the sampled-bound test.
+pub const BLOCKS: u64 = 16;
 
 /// The block of a record id. Worker `block % peers` owns the block: records
 /// and the memory points they become stay on the same worker.
@@ -168,16 +173,17 @@ impl Summand for Vec<Sites> {
 }
 
 /// One E-step of some points: `Σ_i E_q[log p(y_i|f_i)]` at the sites it
-/// started from, and the change of their contribution to the totals.
+/// started from (`None` for a conjugate likelihood, see
+/// [`site_update`]), and the change of their contribution to the totals.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SiteStep {
-    pub expected: f64,
+    pub expected: Option<f64>,
     pub change: Vec<Sites>,
 }
 
 impl Summand for SiteStep {
     fn add(&mut self, other: &Self) {
-        self.expected += other.expected;
+        self.expected = self.expected.zip(other.expected).map(|(a, b)| a + b);
         self.change.add(&other.change);
     }
 }

@@ -102,7 +102,9 @@ fn solve_lower_transposed_blocked(l: DMatrixView<'_, f64>, mut b: DMatrixViewMut
     let half = m / 2;
     let (mut top, mut bottom) = b.rows_range_pair_mut(0..half, half..m);
     solve_lower_transposed_blocked(l.view((half, half), (m - half, m - half)), bottom.as_view_mut());
-    top.gemm_tr(-1.0, &l.view((half, 0), (m - half, half)), &bottom, 1.0);
+    // nalgebra's gemm_tr takes a dot product per entry; a transposed copy of
+    // the block goes through the matrix product instead.
+    top.gemm(-1.0, &l.view((half, 0), (m - half, half)).transpose(), &bottom, 1.0);
     solve_lower_transposed_blocked(l.view((0, 0), (half, half)), top);
 }
 
@@ -210,13 +212,56 @@ pub fn transposed(a: &DMatrix<f64>) -> DMatrixView<'_, f64, Dyn, Dyn> {
     DMatrixView::from_slice_with_strides(a.as_slice(), a.ncols(), a.nrows(), a.nrows(), 1)
 }
 
-/// `acc += A diag(w) Aᵀ` as one matrix product (`A` is `m × n`).
-pub fn add_weighted_gram(acc: &mut DMatrix<f64>, a: &DMatrix<f64>, w: &[f64]) {
+/// `A diag(w) Aᵀ` (`A` is `m × n`), exactly symmetric (see [`gram_of_scaled`]).
+pub fn weighted_gram(a: &DMatrix<f64>, w: &[f64]) -> DMatrix<f64> {
     let mut scaled = a.clone();
     for (mut col, &wj) in scaled.column_iter_mut().zip(w) {
         col *= wj;
     }
-    acc.gemm(1.0, &scaled, &transposed(a), 1.0);
+    gram_of_scaled(&scaled, a)
+}
+
+/// `X Aᵀ` for `X = A diag(w)`, a symmetric product: its lower triangle in
+/// blocks of matrix products (the diagonal blocks split again), mirrored.
+/// At `m = 100` that is 5/8 of the full product's flops, and the result is
+/// exactly symmetric.
+pub fn gram_of_scaled(x: &DMatrix<f64>, a: &DMatrix<f64>) -> DMatrix<f64> {
+    let m = a.nrows();
+    let mut gram = DMatrix::zeros(m, m);
+    lower_gram(gram.as_view_mut(), x, a, 0);
+    for j in 0..m {
+        for i in j + 1..m {
+            gram[(j, i)] = gram[(i, j)];
+        }
+    }
+    gram
+}
+
+/// Below this order a diagonal block of a gram is one product, both triangles.
+const GRAM_BLOCK: usize = 32;
+
+/// The lower triangle (at least) of rows and columns `from..` of `X Aᵀ` into `c`.
+fn lower_gram(mut c: DMatrixViewMut<'_, f64>, x: &DMatrix<f64>, a: &DMatrix<f64>, from: usize) {
+    let m = c.nrows();
+    if m <= GRAM_BLOCK {
+        c.gemm(1.0, &x.rows(from, m), &rows_transposed(a, from, m), 0.0);
+        return;
+    }
+    let half = m / 2;
+    let (mut top, mut bottom) = c.rows_range_pair_mut(0..half, half..m);
+    lower_gram(top.columns_range_mut(0..half), x, a, from);
+    bottom.columns_range_mut(0..half).gemm(
+        1.0,
+        &x.rows(from + half, m - half),
+        &rows_transposed(a, from, half),
+        0.0,
+    );
+    lower_gram(bottom.columns_range_mut(half..m), x, a, from + half);
+}
+
+/// Rows `from..from + len` of a column-major matrix, transposed, as a strided view.
+fn rows_transposed(a: &DMatrix<f64>, from: usize, len: usize) -> DMatrixView<'_, f64, Dyn, Dyn> {
+    DMatrixView::from_slice_with_strides(&a.as_slice()[from..], a.ncols(), len, a.nrows(), 1)
 }
 
 /// `log |A|` from a Cholesky factor of `A`.
@@ -271,6 +316,20 @@ mod tests {
                     "column {j} (transposed: {transposed})"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_weighted_gram_is_symmetric_and_matches_the_full_product_at_every_order() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for m in [1, 5, 32, 33, 64, 100, 131] {
+            let a = DMatrix::from_fn(m, 23, |_, _| rng.random_range(-1.0..1.0));
+            let w: Vec<f64> = (0..23).map(|_| rng.random_range(-0.5..2.0)).collect();
+            let gram = weighted_gram(&a, &w);
+            let full = &a * DMatrix::from_diagonal(&DVector::from_vec(w.clone())) * a.transpose();
+            assert!(gram == gram.transpose(), "m = {m}: not exactly symmetric");
+            let error = (&gram - &full).amax();
+            assert!(error < 1e-13 * full.amax().max(1.0), "m = {m}: {error:e}");
         }
     }
 
