@@ -868,15 +868,7 @@ impl SequentialLearner {
     /// instead, which stays put in u-space.
     fn set_hyperparameters(&mut self, point: &DVector<f64>, past: Option<&mut Past>) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        let likelihood = &mut self.likelihood;
-        let n_theta = post.kernel.n_params() + likelihood.n_params();
-        let theta = point.rows(0, n_theta).into_owned();
-        let t = post.change_holding_totals(|kernel, z| {
-            set_hyperparameters(kernel, likelihood, &theta);
-            if point.len() > n_theta {
-                z.copy_from_slice(&point.as_slice()[n_theta..]);
-            }
-        })?;
+        let t = post.change_holding_totals(move_to(point, &mut self.likelihood))?;
         if let Some(past) = past {
             let sites = past.whitened(post);
             for ((totals, new), old) in post.whitened.iter_mut().zip(&sites).zip(&mut past.sites) {
@@ -893,10 +885,9 @@ impl SequentialLearner {
     /// [`set_hyperparameters`](Self::set_hyperparameters) before a
     /// [`refit`](Self::refit), which sets the totals anew from past data's
     /// sites: only `K`'s factor and those sites follow `θ` here.
-    fn set_hyperparameters_to_refit(&mut self, theta: &DVector<f64>, past: &mut Past) -> Result<()> {
+    fn set_hyperparameters_to_refit(&mut self, point: &DVector<f64>, past: &mut Past) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        let likelihood = &mut self.likelihood;
-        post.change_dropping_totals(|kernel, _| set_hyperparameters(kernel, likelihood, theta))?;
+        post.change_dropping_totals(move_to(point, &mut self.likelihood))?;
         past.sites = past.whitened(post);
         Ok(())
     }
@@ -989,6 +980,22 @@ impl SequentialLearner {
 
 /// Past data's messages during an M-step, and the (whitened) sites they have
 /// in the totals under the current `θ`.
+/// The change that puts the kernel, the likelihood and (when the point holds
+/// more than `θ`) the inducing inputs at an M-step's point (see
+/// [`SequentialLearner::m_step_point`]).
+fn move_to<'a>(
+    point: &'a DVector<f64>,
+    likelihood: &'a mut Likelihood,
+) -> impl FnOnce(&mut Kernel, &mut DMatrix<f64>) + 'a {
+    move |kernel, z| {
+        let n_theta = kernel.n_params() + likelihood.n_params();
+        set_hyperparameters(kernel, likelihood, &point.rows(0, n_theta).into_owned());
+        if point.len() > n_theta {
+            z.copy_from_slice(&point.as_slice()[n_theta..]);
+        }
+    }
+}
+
 struct Past {
     messages: Vec<PastMessage>,
     sites: Vec<Sites>,
