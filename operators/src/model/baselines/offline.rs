@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::estep::{e_step_at, EStepConfig, PointSites};
-use crate::model::dual::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms, Objective};
+use crate::model::dual::objective::{
+    hyperparameters, m_step_objective, set_hyperparameters, with_inducing_inputs, DataTerms, Objective,
+};
 use crate::model::dual::posterior::{Cross, DualPosterior};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
@@ -242,13 +244,10 @@ impl OfflineModel {
     /// The optimised parameters: hyperparameters, then `Z` column by column.
     fn params(&self, with_z: bool) -> DVector<f64> {
         let theta = hyperparameters(&self.posterior.kernel, &self.likelihood);
-        if !with_z {
-            return theta;
+        match with_z {
+            true => with_inducing_inputs(theta, &self.posterior.z),
+            false => theta,
         }
-        DVector::from_iterator(
-            theta.len() + self.posterior.z.len(),
-            theta.iter().chain(self.posterior.z.iter()).copied(),
-        )
     }
 
     fn set_params(&mut self, p: &DVector<f64>, with_z: bool) -> Result<()> {
@@ -273,7 +272,7 @@ fn packed_grad(o: &Objective, with_z: bool) -> DVector<f64> {
         return o.grad.clone();
     }
     let grad_z = o.grad_z.as_ref().expect("the objective was asked for ∂F/∂Z");
-    DVector::from_iterator(o.grad.len() + grad_z.len(), o.grad.iter().chain(grad_z).copied())
+    with_inducing_inputs(o.grad.clone(), grad_z)
 }
 
 /// A random partition of `0..n` into batches of `size` (the last may be smaller).

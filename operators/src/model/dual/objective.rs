@@ -33,6 +33,23 @@ pub fn hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> DVector<f64>
     DVector::from_vec(p)
 }
 
+/// An M-step's point when it moves the inducing inputs too: `θ` as
+/// [`hyperparameters`] gives it, then `Z` column by column.
+pub fn with_inducing_inputs(theta: DVector<f64>, z: &DMatrix<f64>) -> DVector<f64> {
+    DVector::from_iterator(theta.len() + z.len(), theta.iter().chain(z.iter()).copied())
+}
+
+impl Objective {
+    /// The gradient in the layout of [`with_inducing_inputs`] where `∂F/∂Z`
+    /// was asked for, else in `θ` alone.
+    pub fn stacked_grad(self) -> DVector<f64> {
+        match self.grad_z {
+            Some(grad_z) => with_inducing_inputs(self.grad, &grad_z),
+            None => self.grad,
+        }
+    }
+}
+
 /// Kernel then likelihood hyperparameters by name, on their natural scale.
 pub fn named_hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> Vec<(String, f64)> {
     let kernel_values = kernel.log_params().into_iter().map(f64::exp);

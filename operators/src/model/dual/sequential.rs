@@ -16,7 +16,7 @@ use crate::model::data::Data;
 use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
-use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
+use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::PastMessage;
 use crate::model::dual::point::PointId;
 use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
@@ -789,9 +789,7 @@ impl SequentialLearner {
     fn m_step_point(&self) -> DVector<f64> {
         let theta = hyperparameters(self.kernel(), &self.likelihood);
         match (self.config.learn_inducing, &self.posterior) {
-            (true, Some(post)) => {
-                DVector::from_iterator(theta.len() + post.z.len(), theta.iter().chain(post.z.iter()).copied())
-            }
+            (true, Some(post)) => with_inducing_inputs(theta, &post.z),
             _ => theta,
         }
     }
@@ -835,14 +833,7 @@ impl SequentialLearner {
                 *total += part;
             }
         }
-        let grad = match objective.grad_z {
-            Some(grad_z) => DVector::from_iterator(
-                objective.grad.len() + grad_z.len(),
-                objective.grad.iter().chain(grad_z.iter()).copied(),
-            ),
-            None => objective.grad,
-        };
-        Ok((objective.value, grad))
+        Ok((objective.value, objective.stacked_grad()))
     }
 
     /// Re-learns the points that answer under the current `θ`: the totals
