@@ -228,21 +228,7 @@ fn serialised_channels_and_a_bounded_memory_match_the_model_only_learner_on_regr
 #[test]
 fn two_processes_on_loopback_match_the_model_only_learner() {
     let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts");
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    std::fs::write(
-        &hosts,
-        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
-    )
-    .unwrap();
+    let hosts = common::hostfile(dir.path());
     let children: Vec<_> = (0..2)
         .map(|process| {
             std::process::Command::new(std::env::current_exe().unwrap())

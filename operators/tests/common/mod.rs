@@ -3,7 +3,11 @@
 //! dataflow ones a small learner's settings and a run of the operator.
 #![allow(dead_code)]
 
+mod hostfile;
 pub mod operator;
+
+#[allow(unused_imports)] // not every test binary runs a cluster
+pub use hostfile::hostfile;
 
 use dualgp_operators::model::{Data, EStepConfig, Family, Kernel, Optimizer, SequentialConfig};
 use nalgebra::{DMatrix, DVector};

@@ -3,6 +3,11 @@
 
 use std::process::{Command, Output};
 
+#[path = "../../../operators/tests/common/hostfile.rs"]
+mod hostfile;
+#[allow(unused_imports)] // not every test binary runs a cluster
+pub use hostfile::hostfile;
+
 pub fn dualgp(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dualgp"))
         .args(args)
@@ -112,26 +117,6 @@ pub fn read_topic_within(
         }
     }
     out
-}
-
-/// A timely hostfile of two free ports on 127.0.0.1, in `dir`.
-pub fn hostfile(dir: &std::path::Path) -> std::path::PathBuf {
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let path = dir.join("hosts");
-    std::fs::write(
-        &path,
-        ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect::<String>(),
-    )
-    .unwrap();
-    path
 }
 
 /// The newest checkpoint `serve` wrote in `dir`; there must be one.

@@ -259,7 +259,8 @@ impl DataTerms {
         let kernel_grad =
             self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k) + post.jitter_grad() * g_k.trace();
         let grad_z = self.grad_z.map(|g| {
-            g + kernel.input_grad(&post.z, &post.z, &g_k) + kernel.input_grad(&post.z, &post.z, &g_k.transpose())
+            // Z is both inputs of K(Z, Z): the rows see `G` and `Gᵀ` alike.
+            g + kernel.input_grad(&post.z, &post.z, &(&g_k + g_k.transpose()))
         });
         let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
         grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);

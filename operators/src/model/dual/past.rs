@@ -146,8 +146,7 @@ impl PastMessage {
         // Z enters K_au as its second input and K on both sides.
         let grad_z = with_z.then(|| {
             kernel.input_grad(&post.z, &self.z, &g_ab.transpose())
-                + kernel.input_grad(&post.z, &post.z, &g_bb)
-                + kernel.input_grad(&post.z, &post.z, &g_bb.transpose())
+                + kernel.input_grad(&post.z, &post.z, &(&g_bb + g_bb.transpose()))
         });
         ConditionalTerm { value, grad, grad_z }
     }
