@@ -181,3 +181,66 @@ fn on_arrival_learns_the_epochs_that_closed_meanwhile_in_one_update() {
     let epochs: Vec<(u64, u64)> = one_by_one.updates.iter().map(|u| (u.from_epoch, u.epoch)).collect();
     assert_eq!(epochs, [(0, 0), (1, 1), (2, 2), (3, 3)]);
 }
+
+/// Scoring on arrival while an update runs: the learner's work runs on a
+/// thread beside the worker's, which goes on reading and scoring. Epoch 0's
+/// update is made slow (a thousand points, an M-step that never stops early);
+/// records of epoch 1, read meanwhile, are scored before it ends, with the
+/// prior, and say so. (It fails only if that update took less time than
+/// scoring ten records.)
+#[test]
+fn on_arrival_records_are_scored_while_an_update_runs() {
+    let slow = || {
+        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7]);
+        let config = SequentialConfig {
+            inducing: 40,
+            m_steps: 200,
+            m_tolerance: 0.0,
+            ..SequentialConfig::default()
+        };
+        SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
+    };
+    timely::execute_directly(move |worker| {
+        let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
+        let seen = Rc::new(RefCell::new(Seen::default()));
+        let (s1, s2) = (Rc::clone(&seen), Rc::clone(&seen));
+        worker.dataflow::<u64, _, _>(|scope| {
+            let options = GpOptions {
+                scoring: Scoring::OnArrival,
+                ..GpOptions::new(1)
+            };
+            let gp = scope.input_from(&mut input).learn_gp_with(None, slow(), options);
+            gp.predictions
+                .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()))
+                .probe_with(&probe);
+            gp.updates
+                .inspect(move |u| s2.borrow_mut().updates.push(u.clone()))
+                .probe_with(&probe);
+        });
+        input.send_batch(&mut records(0..1000, true));
+        input.advance_to(1);
+        // Epoch 0 is scored and goes to the learner, whose thread takes it up.
+        for _ in 0..STEPS {
+            worker.step();
+        }
+        assert_eq!(seen.borrow().predictions.len(), 1000);
+        assert!(probe.less_equal(&0), "epoch 0's update is under way");
+        input.send_batch(&mut records(2000..2010, false));
+        let scored_in_epoch_1 = |seen: &Seen| seen.predictions.iter().filter(|p| p.epoch == 1).count();
+        // Bounded: the update ends by itself, and then the records are scored anyway.
+        while scored_in_epoch_1(&seen.borrow()) < 10 && seen.borrow().updates.is_empty() {
+            worker.step();
+        }
+        let (scored, updates) = (scored_in_epoch_1(&seen.borrow()), seen.borrow().updates.len());
+        assert_eq!(
+            (scored, updates),
+            (10, 0),
+            "epoch 1 was scored before epoch 0's update ended"
+        );
+        drop(input);
+        while worker.step() {}
+        let seen = seen.take();
+        assert_eq!(seen.updates.len(), 1);
+        assert!(seen.predictions.iter().all(|p| p.model_epoch.is_none()));
+    });
+}

@@ -2,6 +2,8 @@
 //! labelled record to consuming its scored prediction, at a steady 10 000
 //! records/s, against a real Kafka-protocol broker (tansu) on 127.0.0.1.
 //!
+//! First the broker alone: the same paced producer, and a consumer of the
+//! input topic itself, for the round trip that is not serve's.
 //! For each serve configuration (the default model flags with m = 100, and a
 //! lighter schedule), the bench starts the built `dualgp serve` as a child
 //! process, produces 2000 warm-up records and waits for their predictions (serve
@@ -93,6 +95,9 @@ const SERVE_FLAGS: &[&str] = &[
 
 struct Setup {
     name: &'static str,
+    /// Without serve: the consumer reads the input topic itself, so the
+    /// latency is the broker's own round trip at the same rate.
+    serve: bool,
     /// `--scoring`: on-arrival (serve's default) or prequential.
     scoring: &'static str,
     model_flags: &'static [&'static str],
@@ -115,18 +120,35 @@ const LIGHT: &[&str] = &[
 const SETUPS: &[Setup] = &[
     // The default schedule (a re-learning L-BFGS M-step, pivoted inducing inputs).
     Setup {
+        name: "broker alone",
+        serve: false,
+        scoring: "",
+        model_flags: &[],
+    },
+    Setup {
         name: "default",
+        serve: true,
         scoring: "on-arrival",
         model_flags: &["--inducing", "100"],
     },
+    // The default schedule, reading on while up to 16 epochs (what one update
+    // learns together at most) wait for the learner.
+    Setup {
+        name: "default, 16 in flight",
+        serve: true,
+        scoring: "on-arrival",
+        model_flags: &["--inducing", "100", "--epochs-in-flight", "16"],
+    },
     Setup {
         name: "light",
+        serve: true,
         scoring: "on-arrival",
         model_flags: LIGHT,
     },
     // Each epoch waits for the previous epoch's update, as before scoring on arrival.
     Setup {
         name: "light, prequential",
+        serve: true,
         scoring: "prequential",
         model_flags: LIGHT,
     },
@@ -212,9 +234,15 @@ struct Received {
 /// Told to the consumer once producing is over: how many ids to wait for, and since when.
 type Plan = Arc<Mutex<Option<(usize, Instant)>>>;
 
-/// A consumer of `topic`'s one partition from its start, in consumer group
-/// `group`, with `settings` besides.
-fn from_the_start(address: &str, topic: &str, group: &str, settings: &[(&str, &str)]) -> BaseConsumer {
+/// A consumer of `topic`'s first `partitions` partitions from their start, in
+/// consumer group `group`, with `settings` besides.
+fn from_the_start(
+    address: &str,
+    topic: &str,
+    partitions: usize,
+    group: &str,
+    settings: &[(&str, &str)],
+) -> BaseConsumer {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", address)
@@ -225,19 +253,34 @@ fn from_the_start(address: &str, topic: &str, group: &str, settings: &[(&str, &s
     }
     let consumer: BaseConsumer = config.create().expect("a consumer");
     let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    for partition in 0..partitions as i32 {
+        list.add_partition_offset(topic, partition, Offset::Beginning).unwrap();
+    }
     // assign, not subscribe: group joins are slow on tansu.
     consumer.assign(&list).expect("the output partition assigned");
     consumer
 }
 
-/// Reads every prediction on `topic` (one partition, from the start) until
+/// Reads every message on `topic` (`partitions` of them, from the start)
+/// that holds field `field` for an id until
 /// ids `0..WARMUP + n` have all come, `DRAIN` has passed since producing ended, or
 /// nothing came for `QUIET` after it was set; `warm` counts the warm-up ids
 /// received so far.
-fn consume(address: &str, topic: &str, warm: &AtomicUsize, plan: &Plan) -> Received {
+fn consume(
+    address: &str,
+    (topic, partitions): (&str, usize),
+    field: &str,
+    warm: &AtomicUsize,
+    plan: &Plan,
+) -> Received {
     // Answer fetches quickly: the measuring client's long poll is not serve's latency.
-    let consumer = from_the_start(address, topic, "kafka-latency-bench", &[("fetch.wait.max.ms", "10")]);
+    let consumer = from_the_start(
+        address,
+        topic,
+        partitions,
+        "kafka-latency-bench",
+        &[("fetch.wait.max.ms", "10")],
+    );
 
     let mut got = Received {
         at: vec![None; WARMUP + MEASURED],
@@ -270,7 +313,7 @@ fn consume(address: &str, topic: &str, warm: &AtomicUsize, plan: &Plan) -> Recei
         got.last_offset = message.offset();
         let payload: Value = serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null);
         let id = payload["id"].as_u64().map(|id| id as usize);
-        let Some(id) = id.filter(|&id| id < got.at.len() && payload["mean"].is_number()) else {
+        let Some(id) = id.filter(|&id| id < got.at.len() && payload[field].is_number()) else {
             got.malformed += 1;
             continue;
         };
@@ -291,7 +334,7 @@ fn consume(address: &str, topic: &str, warm: &AtomicUsize, plan: &Plan) -> Recei
 /// How many of `ids` have a prediction on `topic`, read again from the start
 /// by a fresh consumer (until nothing new for 3 s, at most 60 s).
 fn recount(address: &str, topic: &str, ids: &[usize]) -> usize {
-    let consumer = from_the_start(address, topic, "kafka-latency-recount", &[]);
+    let consumer = from_the_start(address, topic, 1, "kafka-latency-recount", &[]);
     let wanted: std::collections::HashSet<usize> = ids.iter().copied().collect();
     let mut found = std::collections::HashSet::new();
     let (start, mut last) = (Instant::now(), Instant::now());
@@ -393,10 +436,14 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let warm = Arc::new(AtomicUsize::new(0));
     let plan: Plan = Arc::new(Mutex::new(None));
     let consumer = {
-        let (address, output, warm, plan) = (address.to_owned(), output.clone(), Arc::clone(&warm), Arc::clone(&plan));
-        thread::spawn(move || consume(&address, &output, &warm, &plan))
+        let (address, warm, plan) = (address.to_owned(), Arc::clone(&warm), Arc::clone(&plan));
+        let (read, field) = match setup.serve {
+            true => ((output.clone(), 1), "mean"),
+            false => ((input.clone(), PARTITIONS), "y"),
+        };
+        thread::spawn(move || consume(&address, (&read.0, read.1), field, &warm, &plan))
     };
-    let mut serve = Serve::start(address, &input, &output, setup);
+    let mut serve = setup.serve.then(|| Serve::start(address, &input, &output, setup));
 
     produce_paced(address, &input, messages, 0, WARMUP, Duration::from_secs(10));
     let waiting = Instant::now();
@@ -406,7 +453,7 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
                 "{}: {} of {WARMUP} warm-up predictions within {WARMUP_WAIT:?}; serve: {}",
                 setup.name,
                 warm.load(Ordering::SeqCst),
-                serve.output()
+                serve.as_ref().map(Serve::output).unwrap_or_default()
             );
         }
         thread::sleep(Duration::from_millis(20));
@@ -432,7 +479,10 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     };
     *plan.lock().unwrap() = Some((sends.len(), Instant::now()));
     let received = consumer.join().expect("the consumer thread");
-    let serve_says = serve.finish(Duration::from_secs(30));
+    let serve_says = serve
+        .as_mut()
+        .map(|serve| serve.finish(Duration::from_secs(30)))
+        .unwrap_or_default();
 
     let arrivals: Vec<Option<Instant>> = received.at[WARMUP..WARMUP + sends.len()].to_vec();
     let latencies: Vec<(Instant, f64)> = sends
@@ -446,7 +496,7 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
         .filter(|&i| arrivals[i].is_none())
         .map(|i| WARMUP + i)
         .collect();
-    let lost_but_on_topic = if missing.is_empty() {
+    let lost_but_on_topic = if missing.is_empty() || !setup.serve {
         0
     } else {
         recount(address, &output, &missing)
@@ -481,12 +531,15 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let p50_last_second = window(last_send - second, last_send + Duration::from_millis(1));
 
     let scoring = ["--scoring", setup.scoring];
-    let flags: Vec<&str> = SERVE_FLAGS
-        .iter()
-        .chain(&scoring)
-        .chain(setup.model_flags)
-        .copied()
-        .collect();
+    let flags: Vec<&str> = match setup.serve {
+        true => SERVE_FLAGS
+            .iter()
+            .chain(&scoring)
+            .chain(setup.model_flags)
+            .copied()
+            .collect(),
+        false => vec!["(no serve: the input topic read back)"],
+    };
     json!({
         "name": setup.name,
         "flags": flags.join(" "),

@@ -9,6 +9,7 @@
 //! read again).
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -103,7 +104,9 @@ impl KafkaPosition {
 
 /// How often an idle or failing source asks the broker whether it is there.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
-const POLL_SLICE: Duration = Duration::from_millis(100);
+/// The longest a read waits on the broker before it calls back (see
+/// [`KafkaSource::next_epoch_streaming`]).
+const POLL_SLICE: Duration = Duration::from_millis(10);
 
 /// A worker's reader of its partitions of one topic.
 pub struct KafkaSource {
@@ -230,7 +233,7 @@ impl KafkaSource {
     /// than the connection's timeout) keeps what was read: call again to
     /// go on once the broker is back, or reopen from the last checkpoint.
     pub fn next_epoch(&mut self) -> Result<EpochPart<KafkaPosition>, KafkaError> {
-        self.next_epoch_streaming(|_| {})
+        self.next_epoch_streaming(|_| ControlFlow::Continue(()))
     }
 
     /// The epoch being read.
@@ -240,10 +243,15 @@ impl KafkaSource {
 
     /// [`next_epoch`](Self::next_epoch), handing records to `arrived` as they
     /// come (whenever no further message is waiting), for scoring on
-    /// arrival; what `arrived` drains is not in the returned part.
+    /// arrival; what `arrived` drains is not in the returned part. `arrived`
+    /// is also called, with nothing, at least every few milliseconds while
+    /// the partitions are quiet: a dataflow worker steps there, so that
+    /// work that waits for it (the learner's questions, other workers'
+    /// records) is not held up until the epoch ends. `Break` ends the epoch
+    /// at once with what it has (a stop asked for).
     pub fn next_epoch_streaming(
         &mut self,
-        mut arrived: impl FnMut(&mut Vec<Record>),
+        mut arrived: impl FnMut(&mut Vec<Record>) -> ControlFlow<()>,
     ) -> Result<EpochPart<KafkaPosition>, KafkaError> {
         let deadline = Instant::now() + Duration::from_millis(self.config.epoch_ms);
         // Records kept from a call that failed count towards this epoch.
@@ -255,6 +263,9 @@ impl KafkaSource {
             }
             let slice = (deadline - now).min(POLL_SLICE);
             if self.partitions.is_empty() {
+                if arrived(&mut self.records).is_break() {
+                    break;
+                }
                 sleep(slice);
                 continue;
             }
@@ -263,8 +274,8 @@ impl KafkaSource {
             let waiting = match self.consumer.poll(Duration::ZERO) {
                 Some(message) => Some(message),
                 None => {
-                    if !self.records.is_empty() {
-                        arrived(&mut self.records);
+                    if arrived(&mut self.records).is_break() {
+                        break;
                     }
                     self.consumer.poll(slice)
                 }

@@ -26,6 +26,7 @@
 //!
 //! A complete program, run on several workers, is `operators/examples/embed.rs`.
 
+mod beside;
 pub mod checkpoint;
 mod checkpoint_writer;
 mod delayed;

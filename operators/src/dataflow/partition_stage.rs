@@ -1,6 +1,7 @@
 //! The partitioned stage: every worker scores its own records with the latest
 //! model (score first, then learn) and answers the learner's queries for its
-//! share of the batch and the memory.
+//! share of the batch and the memory, on a thread beside its own (see
+//! [`beside`](super::beside)).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,6 +12,7 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
+use super::beside::{Beside, Jobs, Polled, Results};
 use super::health::panic_message;
 use super::options::Round;
 use super::options::{GpOptions, Scoring};
@@ -170,7 +172,7 @@ pub(super) fn partition_stage<'scope>(
         ..
     } = options;
     let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
-    records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, _| {
+    records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, info| {
         let likelihood = prior.1.clone();
         let model = match initial {
             Some(model) => Model::Learned(Box::new(model)),
@@ -187,57 +189,59 @@ pub(super) fn partition_stage<'scope>(
             all_outputs,
         };
         let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
-        let mut asked: Vec<(Capability<Round>, Vec<Query>)> = Vec::new();
+        let mut asked: Vec<(Capability<Round>, Query)> = Vec::new();
         // Labelled records handed to the learner and not yet learned, by epoch.
         let mut ready: BTreeMap<u64, Vec<Record>> = BTreeMap::new();
-        let mut shard: Option<(u64, Shard)> = None;
+        // The query the shard's thread is answering, and the epoch of the shard it holds.
+        let mut answering: Option<Capability<Round>> = None;
+        let mut shard_epoch: Option<u64> = None;
+        let wake = scope.worker().sync_activator_for(info.address.to_vec());
+        let shard_thread = Beside::spawn(format!("dualgp-shard-{worker}"), wake, answer_jobs);
 
         move |(records, record_frontier), (queries, query_frontier), output| {
             queries.for_each_stamp(|cap, data| {
                 if let Some(cap) = cap.retain_least(output.output_index()) {
-                    asked.push((cap, data.flat_map(|d| d.drain(..)).collect()));
+                    asked.extend(data.flat_map(|d| d.drain(..)).map(|q| (cap.clone(), q)));
                 }
             });
-
             // The learner asks one question at a time, so answering in time order is answering in turn.
             asked.sort_by(|a, b| a.0.time().cmp(b.0.time()));
-            for (cap, batch) in asked.drain(..) {
-                let epoch = cap.time().0;
-                let mut session = output.session(&cap);
-                for query in batch {
-                    if shard.as_ref().is_none_or(|s| s.0 != epoch) {
-                        // An update runs at the time of the last epoch it learns.
-                        let rest = ready.split_off(&(epoch + 1));
-                        let learned = std::mem::replace(&mut ready, rest);
-                        shard = Some((epoch, shard_of(partition, learned, features)));
-                    }
-                    // The new model, taken up once this worker has answered Finish.
-                    let finished = match &query {
-                        Query::Finish { model, .. } => Some(usable(model)),
-                        _ => None,
+            loop {
+                if let Some(cap) = &answering {
+                    let done = match shard_thread.poll() {
+                        Polled::Ready(done) => done,
+                        Polled::Pending => break,
+                        Polled::Gone => ShardDone::failed("the shard's thread stopped"),
                     };
-                    let mut answer = answer_caught(&mut shard, query);
-                    let finished = match finished {
-                        Some(Err(why)) => {
-                            answer = answer.and(Err(why));
-                            None
-                        }
-                        Some(Ok(model)) if answer.is_ok() => Some(model),
-                        _ => None,
-                    };
-                    session.give(StageOutput::Answer {
+                    output.session(cap).give(StageOutput::Answer {
                         worker,
-                        answer: answer.map(Box::new),
+                        answer: done.answer.map(Box::new),
                     });
-                    if let Some(model) = finished {
+                    if let Some(model) = done.finished {
                         scorer = Scorer {
-                            model: Model::Learned(Box::new(model)),
-                            learned_through: Some(epoch),
+                            model: Model::Learned(model),
+                            learned_through: Some(cap.time().0),
                             all_outputs,
                         };
-                        shard = None;
+                        shard_epoch = None;
                     }
+                    answering = None;
                 }
+                if asked.is_empty() {
+                    break;
+                }
+                let (cap, query) = asked.remove(0);
+                let epoch = cap.time().0;
+                // An update runs at the time of the last epoch it learns.
+                let shard = (shard_epoch != Some(epoch)).then(|| {
+                    let rest = ready.split_off(&(epoch + 1));
+                    let learned = std::mem::replace(&mut ready, rest);
+                    (epoch, shard_of(partition, learned, features))
+                });
+                shard_epoch = Some(epoch);
+                // Refused only by a thread that is gone, which the next poll reports.
+                let _ = shard_thread.send(ShardJob { shard, query });
+                answering = Some(cap);
             }
 
             records.for_each_stamp(|cap, data| {
@@ -321,6 +325,58 @@ pub(super) fn partition_stage<'scope>(
             }
         }
     })
+}
+
+/// A query for the shard's thread, with the shard to answer from when an
+/// update begins.
+struct ShardJob {
+    shard: Option<(u64, Shard)>,
+    query: Query,
+}
+
+/// The shard's answer, and after a Finish the new model, factorised for scoring.
+struct ShardDone {
+    answer: Result<Answer, String>,
+    finished: Option<Box<Snapshot>>,
+}
+
+impl ShardDone {
+    fn failed(why: &str) -> Self {
+        ShardDone {
+            answer: Err(why.into()),
+            finished: None,
+        }
+    }
+}
+
+/// The shard's thread: answers each query from the shard it holds, which
+/// it drops once the workers have taken up the update's model.
+fn answer_jobs(jobs: Jobs<ShardJob>, done: Results<ShardDone>) {
+    let mut shard: Option<(u64, Shard)> = None;
+    while let Some(ShardJob { shard: new, query }) = jobs.next() {
+        if new.is_some() {
+            shard = new;
+        }
+        let finished = match &query {
+            Query::Finish { model, .. } => Some(usable(model)),
+            _ => None,
+        };
+        let mut answer = answer_caught(&mut shard, query);
+        let finished = match finished {
+            Some(Err(why)) => {
+                answer = answer.and(Err(why));
+                None
+            }
+            Some(Ok(model)) if answer.is_ok() => Some(Box::new(model)),
+            _ => None,
+        };
+        if finished.is_some() {
+            shard = None;
+        }
+        if !done.send(ShardDone { answer, finished }) {
+            return;
+        }
+    }
 }
 
 /// The new model of a Finish query, factorised for scoring, or why it cannot be.

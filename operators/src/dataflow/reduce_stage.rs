@@ -1,6 +1,7 @@
 //! The single-worker reduction: merges the workers' answers in worker order
 //! and drives the learner's update, one query per round, until the update is
-//! done and the new model flows on.
+//! done and the new model flows on. The update runs on a thread beside the
+//! worker's (see [`beside`](super::beside)), which goes on scoring meanwhile.
 //!
 //! An update that fails leaves the model as it was before the epoch: the
 //! learner's error, a panic inside the update or in a worker's answer, and
@@ -9,12 +10,9 @@
 //!
 //! [`health`]: super::health
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
-use std::rc::Rc;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::task::{Context, Poll, Waker};
 
 use serde::{Deserialize, Serialize};
@@ -23,9 +21,10 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
+use super::beside::{Beside, Jobs, Polled, Results};
 use super::health::{panic_message, unusable};
 use super::options::Round;
-use crate::model::{Answer, ModelError, Query, SequentialLearner, Shards, UpdateReport};
+use crate::model::{Answer, Query, SequentialLearner, Shards, UpdateReport};
 
 /// The learner after an epoch's update: the new model and a checkpointable state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -47,45 +46,111 @@ pub(super) enum ReduceOutput {
     Update(Box<ModelUpdate>),
 }
 
-/// Where the running update and the operator meet: the update leaves its
-/// query in `outbox` and waits until the operator puts the merged answer in
-/// `inbox`; a new model that cannot be used is held back with the reason in
-/// `refused`, and the update waits for good.
-#[derive(Default)]
-struct Mailbox {
-    arrivals: Option<Answer>,
-    outbox: Option<Query>,
-    inbox: Option<Answer>,
-    refused: Option<String>,
+/// What the operator hands the learner's thread: an update to begin, with
+/// the batch's arrivals (the answer to its first question), the merged
+/// answer to the question it asked last, or why there is none.
+enum Job {
+    Begin {
+        learner: Box<SequentialLearner>,
+        arrivals: Answer,
+    },
+    Answer(Answer),
+    /// A worker could not answer: the update fails with this reason.
+    Abort(String),
 }
 
-/// The workers, as the learner sees them from the reducing worker.
-struct Workers(Rc<RefCell<Mailbox>>);
+/// Where an update stands: its next question, or how it ended.
+enum Step {
+    Asks(Box<Query>),
+    Learned(Box<SequentialLearner>, UpdateReport),
+    Failed(String),
+}
 
-impl Shards for Workers {
+/// Why the learner's thread stops an update midway (unwound to its top).
+enum Stop {
+    /// The update fails with this reason.
+    Fails(String),
+    /// The operator is gone: nothing to report to.
+    Abandoned,
+}
+
+/// The workers, as the learner sees them from its thread: each question goes
+/// to the operator, which sends it to every worker and hands back the
+/// merged answer.
+struct Workers<'a> {
+    arrivals: Option<Answer>,
+    jobs: &'a Jobs<Job>,
+    steps: &'a Results<Step>,
+}
+
+impl Workers<'_> {
+    fn answer(&mut self, query: Query) -> Answer {
+        // The round that announced the batch has already answered this one.
+        if matches!(query, Query::Arrivals) {
+            if let Some(arrivals) = self.arrivals.take() {
+                return arrivals;
+            }
+        }
+        // The workers take up the new model with Finish: it must be usable.
+        if let Query::Finish { model, .. } = &query {
+            if let Some(why) = unusable(model) {
+                resume_unwind(Box::new(Stop::Fails(format!("the new model cannot be used: {why}"))));
+            }
+        }
+        if !self.steps.send(Step::Asks(Box::new(query))) {
+            resume_unwind(Box::new(Stop::Abandoned));
+        }
+        match self.jobs.next() {
+            Some(Job::Answer(answer)) => answer,
+            Some(Job::Abort(why)) => resume_unwind(Box::new(Stop::Fails(why))),
+            Some(Job::Begin { .. }) => {
+                resume_unwind(Box::new(Stop::Fails("a new update began before this one ended".into())))
+            }
+            None => resume_unwind(Box::new(Stop::Abandoned)),
+        }
+    }
+}
+
+impl Shards for Workers<'_> {
     fn ask(&mut self, query: Query) -> impl Future<Output = Answer> {
-        let mailbox = Rc::clone(&self.0);
-        async move {
-            // The round that announced the batch has already answered this one.
-            if matches!(query, Query::Arrivals) {
-                if let Some(arrivals) = mailbox.borrow_mut().arrivals.take() {
-                    return arrivals;
-                }
+        std::future::ready(self.answer(query))
+    }
+}
+
+/// The learner's thread: runs each update to its end, one question at a
+/// time. A panic inside an update is a failure of that update, not of the
+/// worker.
+fn run_updates(jobs: Jobs<Job>, steps: Results<Step>) {
+    while let Some(job) = jobs.next() {
+        let Job::Begin { mut learner, arrivals } = job else {
+            continue; // an answer to an update that has already ended
+        };
+        let mut workers = Workers {
+            arrivals: Some(arrivals),
+            jobs: &jobs,
+            steps: &steps,
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            // Every question is answered before `ask` returns: one poll runs the update through.
+            let update = std::pin::pin!(learner.learn(&mut workers));
+            match update.poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(outcome) => outcome.map_err(|e| e.to_string()),
+                Poll::Pending => Err("the update waits without a question".into()),
             }
-            // The workers take up the new model with Finish: it must be usable.
-            let refused = match &query {
-                Query::Finish { model, .. } => unusable(model),
-                _ => None,
-            };
-            match refused {
-                Some(why) => mailbox.borrow_mut().refused = Some(format!("the new model cannot be used: {why}")),
-                None => mailbox.borrow_mut().outbox = Some(query),
-            }
-            std::future::poll_fn(|_| match mailbox.borrow_mut().inbox.take() {
-                Some(answer) => Poll::Ready(answer),
-                None => Poll::Pending,
-            })
-            .await
+        }));
+        let step = match outcome {
+            Ok(Ok(report)) => Step::Learned(learner, report),
+            Ok(Err(why)) => Step::Failed(why),
+            Err(stop) => match stop.downcast::<Stop>() {
+                Ok(stop) => match *stop {
+                    Stop::Fails(why) => Step::Failed(why),
+                    Stop::Abandoned => return,
+                },
+                Err(panic) => Step::Failed(format!("the update panicked: {}", panic_message(&*panic))),
+            },
+        };
+        if !steps.send(step) {
+            return;
         }
     }
 }
@@ -96,44 +161,12 @@ pub(super) type WorkerAnswer = Result<Answer, String>;
 /// The answers of one round, under the capability to reply.
 type Answers = (Capability<Round>, Vec<(usize, WorkerAnswer)>);
 
-type Update = Pin<Box<dyn Future<Output = (SequentialLearner, Result<UpdateReport, ModelError>)>>>;
-
-/// One update in progress, and the state to return to if it fails.
+/// One update in progress: the state to return to if it fails, and the
+/// round whose answers the learner's thread is working on.
 struct Running {
     from_epoch: u64,
-    epoch: u64,
-    update: Update,
     before: SequentialLearner,
-}
-
-/// Where an update stands after the operator has moved it on.
-enum Step {
-    Asks(Box<Query>),
-    Learned(Box<SequentialLearner>, UpdateReport),
-    Failed(String),
-}
-
-impl Running {
-    /// Polls the update once: its next question, or how it ended. A panic
-    /// inside it is a failure of this update, not of the worker.
-    fn step(&mut self, mailbox: &RefCell<Mailbox>) -> Step {
-        let polled = catch_unwind(AssertUnwindSafe(|| {
-            self.update.as_mut().poll(&mut Context::from_waker(Waker::noop()))
-        }));
-        match polled {
-            Ok(Poll::Ready((state, Ok(report)))) => Step::Learned(Box::new(state), report),
-            Ok(Poll::Ready((_, Err(e)))) => Step::Failed(e.to_string()),
-            Ok(Poll::Pending) => {
-                let mut mailbox = mailbox.borrow_mut();
-                match (mailbox.outbox.take(), mailbox.refused.take()) {
-                    (_, Some(why)) => Step::Failed(why),
-                    (Some(query), None) => Step::Asks(Box::new(query)),
-                    (None, None) => Step::Failed("the update waits without a question".into()),
-                }
-            }
-            Err(panic) => Step::Failed(format!("the update panicked: {}", panic_message(&*panic))),
-        }
-    }
+    waiting: Option<Capability<Round>>,
 }
 
 /// `max_epochs`: the most epochs one update learns.
@@ -142,101 +175,133 @@ pub(super) fn reduce_stage<'scope>(
     learner: SequentialLearner,
     max_epochs: usize,
 ) -> StreamVec<'scope, Round, ReduceOutput> {
-    let reducer = answers.scope().index() == 0;
-    let peers = answers.scope().peers();
-    answers.unary_frontier(Exchange::new(|_: &(usize, WorkerAnswer)| 0), "GpReduce", move |_, _| {
-        let mut learner = reducer.then_some(learner);
-        let mailbox = Rc::new(RefCell::new(Mailbox::default()));
-        let mut running: Option<Running> = None;
-        let mut stash: BTreeMap<Round, Answers> = BTreeMap::new();
-
-        move |(input, frontier), output| {
-            input.for_each_stamp(|cap, data| {
-                if let Some(cap) = cap.retain_least(output.output_index()) {
-                    let entry = stash.entry(*cap.time()).or_insert_with(|| (cap, Vec::new()));
-                    entry.1.extend(data.flat_map(|d| d.drain(..)));
-                }
+    let scope = answers.scope();
+    let reducer = scope.index() == 0;
+    let peers = scope.peers();
+    answers.unary_frontier(
+        Exchange::new(|_: &(usize, WorkerAnswer)| 0),
+        "GpReduce",
+        move |_, info| {
+            let mut learner = reducer.then_some(learner);
+            let learner_thread = reducer.then(|| {
+                let wake = scope.worker().sync_activator_for(info.address.to_vec());
+                Beside::spawn("dualgp-learner".into(), wake, run_updates)
             });
-            while let Some(entry) = stash.first_entry() {
-                if frontier.less_equal(entry.key()) {
-                    break;
-                }
-                let (mut cap, mut answers) = entry.remove();
-                let from_epoch = cap.time().0;
-                if cap.time().1 == 0 {
-                    // Epochs that every worker has handed over meanwhile are
-                    // learned with this one, at the last one's time. (The
-                    // frontier cannot say they are complete: this stage's own
-                    // capabilities hold it back.)
-                    for _ in 1..max_epochs {
-                        let Some(next) = stash.first_entry() else { break };
-                        if next.key().1 != 0 || next.get().1.len() < peers {
-                            break;
-                        }
-                        let (next_cap, more) = next.remove();
-                        answers.extend(more);
-                        cap = next_cap;
+            let mut running: Option<Running> = None;
+            let mut stash: BTreeMap<Round, Answers> = BTreeMap::new();
+
+            move |(input, frontier), output| {
+                input.for_each_stamp(|cap, data| {
+                    if let Some(cap) = cap.retain_least(output.output_index()) {
+                        let entry = stash.entry(*cap.time()).or_insert_with(|| (cap, Vec::new()));
+                        entry.1.extend(data.flat_map(|d| d.drain(..)));
                     }
-                }
-                // Worker order (then epoch order): the sums do not depend on which worker answered first.
-                answers.sort_by_key(|a| a.0);
-                let merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
-                    a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
                 });
-                let epoch = cap.time().0;
-                if cap.time().1 == 0 && matches!(merged, Ok(Answer::Nothing)) {
-                    continue; // no worker had a labelled record
-                }
-                if cap.time().1 == 0 {
-                    let mut state = learner.take().expect("one update at a time, on the reducing worker");
-                    let before = state.clone();
-                    *mailbox.borrow_mut() = Mailbox::default();
-                    let mut workers = Workers(Rc::clone(&mailbox));
-                    let update: Update = Box::pin(async move {
-                        let outcome = state.learn(&mut workers).await;
-                        (state, outcome)
+                loop {
+                    // Where the learner's thread stands, if it is working and has moved on.
+                    if let Some(cap) = running.as_ref().and_then(|run| run.waiting.as_ref()) {
+                        let thread = learner_thread.as_ref().expect("updates run on the reducing worker");
+                        let step = match thread.poll() {
+                            Polled::Ready(step) => step,
+                            Polled::Pending => break,
+                            Polled::Gone => Step::Failed("the learner's thread stopped".into()),
+                        };
+                        let learned = match step {
+                            Step::Asks(query) => {
+                                output.session(cap).give(ReduceOutput::Query(query));
+                                running.as_mut().expect("matched above").waiting = None;
+                                continue;
+                            }
+                            Step::Learned(state, report) => Ok((*state, report)),
+                            Step::Failed(why) => Err(why),
+                        };
+                        let Running {
+                            from_epoch,
+                            before,
+                            waiting,
+                        } = running.take().expect("matched above");
+                        let cap = waiting.expect("matched above");
+                        let (state, outcome) = match learned {
+                            Ok((state, report)) => (state, Ok(report)),
+                            Err(why) => (before, Err(why)),
+                        };
+                        output.session(&cap).give(update(&cap, from_epoch, &state, outcome));
+                        learner = Some(state);
+                    }
+                    let Some(entry) = stash.first_entry() else { break };
+                    if frontier.less_equal(entry.key()) {
+                        break;
+                    }
+                    let (mut cap, mut answers) = entry.remove();
+                    let from_epoch = cap.time().0;
+                    if cap.time().1 == 0 {
+                        // Epochs that every worker has handed over meanwhile are
+                        // learned with this one, at the last one's time. (The
+                        // frontier cannot say they are complete: this stage's own
+                        // capabilities hold it back.)
+                        for _ in 1..max_epochs {
+                            let Some(next) = stash.first_entry() else { break };
+                            if next.key().1 != 0 || next.get().1.len() < peers {
+                                break;
+                            }
+                            let (next_cap, more) = next.remove();
+                            answers.extend(more);
+                            cap = next_cap;
+                        }
+                    }
+                    // Worker order (then epoch order): the sums do not depend on which worker answered first.
+                    answers.sort_by_key(|a| a.0);
+                    let merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
+                        a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
                     });
-                    running = Some(Running {
-                        from_epoch,
-                        epoch,
-                        update,
-                        before,
-                    });
+                    if cap.time().1 == 0 && matches!(merged, Ok(Answer::Nothing)) {
+                        continue; // no worker had a labelled record
+                    }
+                    let thread = learner_thread.as_ref().expect("answers come to the reducing worker");
+                    let job = match merged {
+                        Ok(arrivals) if cap.time().1 == 0 => {
+                            let state = learner.take().expect("one update at a time, on the reducing worker");
+                            running = Some(Running {
+                                from_epoch,
+                                before: state.clone(),
+                                waiting: None,
+                            });
+                            Job::Begin {
+                                learner: Box::new(state),
+                                arrivals,
+                            }
+                        }
+                        Ok(merged) => Job::Answer(merged),
+                        // The update fails before it began.
+                        Err(why) if cap.time().1 == 0 => {
+                            let state = learner.as_ref().expect("the reducing worker holds the learner");
+                            output.session(&cap).give(update(&cap, from_epoch, state, Err(why)));
+                            continue;
+                        }
+                        // Its thread, waiting for this answer, ends the update with the reason.
+                        Err(why) => Job::Abort(why),
+                    };
+                    let run = running.as_mut().expect("answers arrive only while an update runs");
+                    // Refused only by a thread that is gone, which the next poll reports.
+                    let _ = thread.send(job);
+                    run.waiting = Some(cap);
                 }
-                let run = running.as_mut().expect("answers arrive only while an update runs");
-                debug_assert_eq!(run.epoch, epoch);
-                let step = match merged {
-                    Ok(merged) if cap.time().1 == 0 => {
-                        mailbox.borrow_mut().arrivals = Some(merged);
-                        run.step(&mailbox)
-                    }
-                    Ok(merged) => {
-                        mailbox.borrow_mut().inbox = Some(merged);
-                        run.step(&mailbox)
-                    }
-                    Err(why) => Step::Failed(why),
-                };
-                let learned = match step {
-                    Step::Asks(query) => {
-                        output.session(&cap).give(ReduceOutput::Query(query));
-                        continue;
-                    }
-                    Step::Learned(state, report) => Ok((*state, report)),
-                    Step::Failed(why) => Err(why),
-                };
-                let Running { from_epoch, before, .. } = running.take().expect("polled above");
-                let (state, outcome) = match learned {
-                    Ok((state, report)) => (state, Ok(report)),
-                    Err(why) => (before, Err(why)),
-                };
-                output.session(&cap).give(ReduceOutput::Update(Box::new(ModelUpdate {
-                    epoch,
-                    from_epoch,
-                    outcome,
-                    learner: state.clone(),
-                })));
-                learner = Some(state);
             }
-        }
-    })
+        },
+    )
+}
+
+/// The learner after the update of the epochs from `from_epoch` to `cap`'s.
+fn update(
+    cap: &Capability<Round>,
+    from_epoch: u64,
+    learner: &SequentialLearner,
+    outcome: Result<UpdateReport, String>,
+) -> ReduceOutput {
+    ReduceOutput::Update(Box::new(ModelUpdate {
+        epoch: cap.time().0,
+        from_epoch,
+        outcome,
+        learner: learner.clone(),
+    }))
 }

@@ -6,6 +6,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -126,11 +127,7 @@ impl KafkaEnds {
         if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
             self.last_input = Instant::now();
         }
-        let idle = self
-            .serving
-            .idle_exit
-            .is_some_and(|limit| self.last_input.elapsed().as_secs_f64() >= limit);
-        self.signals.idle(idle);
+        say_if_idle(&mut self.signals, self.serving.idle_exit, self.last_input);
     }
 
     /// Worker 0: commits the newest positions the checkpoints (or, without,
@@ -237,14 +234,26 @@ impl Ends for KafkaEnds {
         // Records go into the dataflow as they are read, so scoring on
         // arrival does not wait for the epoch to fill.
         let mut streamed = 0;
-        let scaling = &self.scaling;
+        let (scaling, signals, last_input) = (&self.scaling, &mut self.signals, &mut self.last_input);
+        let (serving, failure) = (&self.serving, &self.failure);
         let read = source.next_epoch_streaming(|arrived| {
             streamed += arrived.len();
+            if !arrived.is_empty() {
+                *last_input = Instant::now();
+            }
             for record in arrived.drain(..) {
                 records.send(scaling.record(record));
             }
             records.flush();
             worker.step();
+            // A stop, an error or a cluster gone idle ends the epoch with
+            // what it has, rather than after --batch-timeout-ms.
+            let stop = serving.stop.load(Ordering::SeqCst) || failure.borrow().is_some();
+            say_if_idle(signals, serving.idle_exit, *last_input);
+            match stop || signals.stop_reading() {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
         });
         let part = match read {
             Ok(part) => part,
@@ -350,4 +359,10 @@ impl DeliveredPositions {
     fn close(&mut self) {
         self.handle = None;
     }
+}
+
+/// Tells the cluster whether this worker's input, last seen at `last_input`,
+/// has been idle for `idle_exit` seconds.
+fn say_if_idle(signals: &mut Signals, idle_exit: Option<f64>, last_input: Instant) {
+    signals.idle(idle_exit.is_some_and(|limit| last_input.elapsed().as_secs_f64() >= limit));
 }

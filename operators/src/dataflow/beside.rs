@@ -1,0 +1,81 @@
+//! Learning beside scoring. A worker's timely thread reads, scores and sends
+//! on records; the learner's heavy work (a shard's answer, the reducing
+//! worker's algebra between questions) runs on a thread of its own, so that
+//! records read meanwhile are scored at once instead of after that work.
+//! Jobs run one at a time in the order sent, and each result wakes the
+//! operator that sent the job: the arithmetic, and so every result, is the
+//! same as on the timely thread.
+
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::thread;
+
+use timely::scheduling::SyncActivator;
+
+/// The operator's end: jobs out, results back.
+pub(super) struct Beside<J, R> {
+    jobs: Sender<J>,
+    results: Receiver<R>,
+}
+
+/// The thread's end for jobs: `None` once the operator is gone.
+pub(super) struct Jobs<J>(Receiver<J>);
+
+impl<J> Jobs<J> {
+    pub fn next(&self) -> Option<J> {
+        self.0.recv().ok()
+    }
+}
+
+/// The thread's end for results: each one sent wakes the operator.
+pub(super) struct Results<R> {
+    results: Sender<R>,
+    wake: SyncActivator,
+}
+
+impl<R> Results<R> {
+    /// Hands `result` back; `false` once the operator is gone.
+    pub fn send(&self, result: R) -> bool {
+        let sent = self.results.send(result).is_ok();
+        // The worker may have left the dataflow already: nothing to wake then.
+        let _ = self.wake.activate();
+        sent
+    }
+}
+
+/// A result, none yet, or the thread is gone (it stopped without answering).
+pub(super) enum Polled<R> {
+    Ready(R),
+    Pending,
+    Gone,
+}
+
+impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
+    /// Starts a thread named `name` that runs `body` until the operator drops
+    /// this end; results wake `wake`'s operator.
+    pub fn spawn(name: String, wake: SyncActivator, body: impl FnOnce(Jobs<J>, Results<R>) + Send + 'static) -> Self {
+        let (jobs, job_end) = channel();
+        let (result_end, results) = channel();
+        let results_end = Results {
+            results: result_end,
+            wake,
+        };
+        thread::Builder::new()
+            .name(name)
+            .spawn(move || body(Jobs(job_end), results_end))
+            .expect("the operating system refused a learning thread");
+        Beside { jobs, results }
+    }
+
+    /// Queues `job`; `false` if the thread is gone.
+    pub fn send(&self, job: J) -> bool {
+        self.jobs.send(job).is_ok()
+    }
+
+    pub fn poll(&self) -> Polled<R> {
+        match self.results.try_recv() {
+            Ok(result) => Polled::Ready(result),
+            Err(TryRecvError::Empty) => Polled::Pending,
+            Err(TryRecvError::Disconnected) => Polled::Gone,
+        }
+    }
+}
