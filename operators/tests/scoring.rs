@@ -14,7 +14,7 @@ use dualgp_operators::model::{
 };
 use nalgebra::DMatrix;
 use timely::dataflow::operators::{Concat, Input, Inspect, Probe};
-use timely::dataflow::{InputHandleVec, ProbeHandle};
+use timely::dataflow::{InputHandleVec, ProbeHandle, StreamVec};
 
 /// Enough steps for everything that can happen without new input to happen.
 const STEPS: usize = 200;
@@ -44,6 +44,29 @@ struct Seen {
     updates: Vec<ModelUpdate>,
 }
 
+/// Learns from `records` with `learner`, scoring as `scoring` says; what
+/// comes out is kept in `seen` and passes `probe`.
+fn learn_and_watch(
+    records: StreamVec<'_, u64, Record>,
+    learner: SequentialLearner,
+    scoring: Scoring,
+    seen: &Rc<RefCell<Seen>>,
+    probe: &ProbeHandle<u64>,
+) {
+    let options = GpOptions {
+        scoring,
+        ..GpOptions::new(1)
+    };
+    let gp = records.learn_gp_with(None, learner, options);
+    let (s1, s2) = (Rc::clone(seen), Rc::clone(seen));
+    gp.predictions
+        .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()))
+        .probe_with(probe);
+    gp.updates
+        .inspect(move |u| s2.borrow_mut().updates.push(u.clone()))
+        .probe_with(probe);
+}
+
 /// Epoch 0 (labelled) stays open on one input while unlabelled records of
 /// epoch 1 come on another; then both close, and records of epoch 2 come.
 /// Returns what came out while epoch 0 was open, and at the end.
@@ -52,20 +75,9 @@ fn run(scoring: Scoring) -> (Vec<Prediction>, Seen) {
         let (mut held, mut feed) = (InputHandleVec::new(), InputHandleVec::new());
         let probe = ProbeHandle::new();
         let seen = Rc::new(RefCell::new(Seen::default()));
-        let (s1, s2) = (Rc::clone(&seen), Rc::clone(&seen));
         worker.dataflow::<u64, _, _>(|scope| {
             let records = scope.input_from(&mut held).concat(scope.input_from(&mut feed));
-            let options = GpOptions {
-                scoring,
-                ..GpOptions::new(1)
-            };
-            let gp = records.learn_gp_with(None, learner(), options);
-            gp.predictions
-                .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()))
-                .probe_with(&probe);
-            gp.updates
-                .inspect(move |u| s2.borrow_mut().updates.push(u.clone()))
-                .probe_with(&probe);
+            learn_and_watch(records, learner(), scoring, &seen, &probe);
         });
         held.send_batch(&mut records(0..60, true));
         feed.advance_to(1);
@@ -135,18 +147,10 @@ fn on_arrival_scoring_answers_before_earlier_epochs_are_learned() {
 /// learns them together; prequential scoring learns them one by one.
 fn learn_four_epochs_at_once(scoring: Scoring) -> Seen {
     timely::execute_directly(move |worker| {
-        let mut input = InputHandleVec::new();
+        let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
         let seen = Rc::new(RefCell::new(Seen::default()));
-        let (s1, s2) = (Rc::clone(&seen), Rc::clone(&seen));
         worker.dataflow::<u64, _, _>(|scope| {
-            let options = GpOptions {
-                scoring,
-                ..GpOptions::new(1)
-            };
-            let gp = scope.input_from(&mut input).learn_gp_with(None, learner(), options);
-            gp.predictions
-                .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()));
-            gp.updates.inspect(move |u| s2.borrow_mut().updates.push(u.clone()));
+            learn_and_watch(scope.input_from(&mut input), learner(), scoring, &seen, &probe);
         });
         for epoch in 0..4 {
             input.advance_to(epoch);
@@ -203,19 +207,8 @@ fn on_arrival_records_are_scored_while_an_update_runs() {
     timely::execute_directly(move |worker| {
         let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
         let seen = Rc::new(RefCell::new(Seen::default()));
-        let (s1, s2) = (Rc::clone(&seen), Rc::clone(&seen));
         worker.dataflow::<u64, _, _>(|scope| {
-            let options = GpOptions {
-                scoring: Scoring::OnArrival,
-                ..GpOptions::new(1)
-            };
-            let gp = scope.input_from(&mut input).learn_gp_with(None, slow(), options);
-            gp.predictions
-                .inspect(move |p| s1.borrow_mut().predictions.push(p.clone()))
-                .probe_with(&probe);
-            gp.updates
-                .inspect(move |u| s2.borrow_mut().updates.push(u.clone()))
-                .probe_with(&probe);
+            learn_and_watch(scope.input_from(&mut input), slow(), Scoring::OnArrival, &seen, &probe);
         });
         input.send_batch(&mut records(0..1000, true));
         input.advance_to(1);

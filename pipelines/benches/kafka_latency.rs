@@ -95,9 +95,13 @@ const SERVE_FLAGS: &[&str] = &[
 
 struct Setup {
     name: &'static str,
-    /// Without serve: the consumer reads the input topic itself, so the
+    /// `None`: no serve, the consumer reads the input topic itself, so the
     /// latency is the broker's own round trip at the same rate.
-    serve: bool,
+    serve: Option<ServeFlags>,
+}
+
+/// What one serve configuration adds to [`SERVE_FLAGS`].
+struct ServeFlags {
     /// `--scoring`: on-arrival (serve's default) or prequential.
     scoring: &'static str,
     model_flags: &'static [&'static str],
@@ -118,39 +122,41 @@ const LIGHT: &[&str] = &[
 ];
 
 const SETUPS: &[Setup] = &[
-    // The default schedule (a re-learning L-BFGS M-step, pivoted inducing inputs).
     Setup {
         name: "broker alone",
-        serve: false,
-        scoring: "",
-        model_flags: &[],
+        serve: None,
     },
+    // The default schedule (a re-learning L-BFGS M-step, pivoted inducing inputs).
     Setup {
         name: "default",
-        serve: true,
-        scoring: "on-arrival",
-        model_flags: &["--inducing", "100"],
+        serve: Some(ServeFlags {
+            scoring: "on-arrival",
+            model_flags: &["--inducing", "100"],
+        }),
     },
     // The default schedule, reading on while up to 16 epochs (what one update
     // learns together at most) wait for the learner.
     Setup {
         name: "default, 16 in flight",
-        serve: true,
-        scoring: "on-arrival",
-        model_flags: &["--inducing", "100", "--epochs-in-flight", "16"],
+        serve: Some(ServeFlags {
+            scoring: "on-arrival",
+            model_flags: &["--inducing", "100", "--epochs-in-flight", "16"],
+        }),
     },
     Setup {
         name: "light",
-        serve: true,
-        scoring: "on-arrival",
-        model_flags: LIGHT,
+        serve: Some(ServeFlags {
+            scoring: "on-arrival",
+            model_flags: LIGHT,
+        }),
     },
     // Each epoch waits for the previous epoch's update, as before scoring on arrival.
     Setup {
         name: "light, prequential",
-        serve: true,
-        scoring: "prequential",
-        model_flags: LIGHT,
+        serve: Some(ServeFlags {
+            scoring: "prequential",
+            model_flags: LIGHT,
+        }),
     },
 ];
 
@@ -361,14 +367,14 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(address: &str, input: &str, output: &str, setup: &Setup) -> Serve {
+    fn start(address: &str, input: &str, output: &str, flags: &ServeFlags) -> Serve {
         let dir = tempfile::tempdir().unwrap();
         let stdout = File::create(dir.path().join("stdout")).unwrap();
         let stderr = File::create(dir.path().join("stderr")).unwrap();
         let child = common::serve_command(address, input, output)
             .args(SERVE_FLAGS)
-            .args(["--scoring", setup.scoring])
-            .args(setup.model_flags)
+            .args(["--scoring", flags.scoring])
+            .args(flags.model_flags)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -438,12 +444,15 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let consumer = {
         let (address, warm, plan) = (address.to_owned(), Arc::clone(&warm), Arc::clone(&plan));
         let (read, field) = match setup.serve {
-            true => ((output.clone(), 1), "mean"),
-            false => ((input.clone(), PARTITIONS), "y"),
+            Some(_) => ((output.clone(), 1), "mean"),
+            None => ((input.clone(), PARTITIONS), "y"),
         };
         thread::spawn(move || consume(&address, (&read.0, read.1), field, &warm, &plan))
     };
-    let mut serve = setup.serve.then(|| Serve::start(address, &input, &output, setup));
+    let mut serve = setup
+        .serve
+        .as_ref()
+        .map(|flags| Serve::start(address, &input, &output, flags));
 
     produce_paced(address, &input, messages, 0, WARMUP, Duration::from_secs(10));
     let waiting = Instant::now();
@@ -496,7 +505,7 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
         .filter(|&i| arrivals[i].is_none())
         .map(|i| WARMUP + i)
         .collect();
-    let lost_but_on_topic = if missing.is_empty() || !setup.serve {
+    let lost_but_on_topic = if missing.is_empty() || setup.serve.is_none() {
         0
     } else {
         recount(address, &output, &missing)
@@ -530,15 +539,14 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let p50_first_second = window(first_send, first_send + second);
     let p50_last_second = window(last_send - second, last_send + Duration::from_millis(1));
 
-    let scoring = ["--scoring", setup.scoring];
-    let flags: Vec<&str> = match setup.serve {
-        true => SERVE_FLAGS
+    let flags: Vec<&str> = match &setup.serve {
+        Some(serve) => SERVE_FLAGS
             .iter()
-            .chain(&scoring)
-            .chain(setup.model_flags)
+            .chain(&["--scoring", serve.scoring])
+            .chain(serve.model_flags)
             .copied()
             .collect(),
-        false => vec!["(no serve: the input topic read back)"],
+        None => vec!["(no serve: the input topic read back)"],
     };
     json!({
         "name": setup.name,

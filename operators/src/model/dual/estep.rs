@@ -254,7 +254,7 @@ pub fn e_step_at(
     for _ in 0..config.steps {
         let start = (sites.clone(), post.whitened.clone());
         let (expected, change) = site_update(post, likelihood, data, cross, sites, guard.step(), None);
-        let expected = expected.expect("a likelihood that is not conjugate has its expectation");
+        let expected = checked_expectation(expected)?;
         let settled = relative_change(&start.0, sites) < tolerance;
         if let Some((back_sites, back_totals)) = guard.check(bound(post, expected, &others), start) {
             *sites = back_sites;
@@ -271,6 +271,14 @@ pub fn e_step_at(
         post.refresh_sites()?;
     }
     Ok(())
+}
+
+/// The expectation a step of a likelihood that is not conjugate comes with
+/// (see [`site_update`]), for the bound that checks that step.
+pub fn checked_expectation(expected: Option<f64>) -> Result<f64> {
+    expected.ok_or_else(|| {
+        ModelError::Config("an E-step of a likelihood that is not conjugate came without its expectation".into())
+    })
 }
 
 /// `max |Δs| / (1 + |s|)` over every point's sites.

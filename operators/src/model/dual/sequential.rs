@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::blocks::{m_step_sample, Blocks};
-use crate::model::dual::estep::{bound, without, Backtracking, EStepConfig};
+use crate::model::dual::estep::{bound, checked_expectation, without, Backtracking, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::PastMessage;
@@ -579,12 +579,7 @@ impl SequentialLearner {
             let post = self.posterior.as_mut().expect("initialised");
             // Conjugate steps are exact: nothing to check, no bound to compute.
             let back = if checked {
-                let expected = step.expected.ok_or_else(|| {
-                    ModelError::Config(
-                        "an E-step of a likelihood that is not conjugate came without its expectation".into(),
-                    )
-                })?;
-                let value = bound(post, expected, &others);
+                let value = bound(post, checked_expectation(step.expected)?, &others);
                 tracing::debug!(
                     rho = guard.step().rho,
                     radius = guard.step().radius,
@@ -969,8 +964,6 @@ impl SequentialLearner {
     }
 }
 
-/// Past data's messages during an M-step, and the (whitened) sites they have
-/// in the totals under the current `θ`.
 /// The change that puts the kernel, the likelihood and (when the point holds
 /// more than `θ`) the inducing inputs at an M-step's point (see
 /// [`SequentialLearner::m_step_point`]).
@@ -987,6 +980,8 @@ fn move_to<'a>(
     }
 }
 
+/// Past data's messages during an M-step, and the (whitened) sites they have
+/// in the totals under the current `θ`.
 struct Past {
     messages: Vec<PastMessage>,
     sites: Vec<Sites>,
