@@ -47,6 +47,12 @@ pub(crate) trait Ends {
     /// `reading_done`: no more epochs come.
     fn settle(&mut self, probe: &ProbeHandle<u64>, reading_done: bool);
 
+    /// Whether reading is to stop (asked to, failed, or the cluster idle):
+    /// a worker waiting for the learner to catch up stops waiting then.
+    fn stopping(&self) -> bool {
+        false
+    }
+
     /// The records' input is closed: ends the command's own inputs.
     fn close(&mut self, worker: &mut Worker, probe: &ProbeHandle<u64>);
 }
@@ -64,7 +70,7 @@ pub(crate) fn run_worker<E: Ends>(worker: &mut Worker, start: &Start, ends: &mut
     });
     while let Some(epoch) = ends.read(worker, &mut records) {
         records.advance_to(epoch + 1);
-        while probe.less_than(&(epoch + 1).saturating_sub(start.epochs_in_flight)) {
+        while probe.less_than(&(epoch + 1).saturating_sub(start.epochs_in_flight)) && !ends.stopping() {
             worker.step_or_park(E::PARK);
             ends.settle(&probe, false);
         }

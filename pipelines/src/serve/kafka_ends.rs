@@ -219,6 +219,10 @@ impl Ends for KafkaEnds {
         track_commits(positions, saved, Rc::clone(&self.commits));
     }
 
+    fn stopping(&self) -> bool {
+        self.serving.stop.load(Ordering::SeqCst) || self.failure.borrow().is_some() || self.signals.stop_reading()
+    }
+
     fn read(&mut self, worker: &mut Worker, records: &mut InputHandleVec<u64, Record>) -> Option<u64> {
         if self.serving.stop.load(Ordering::SeqCst) || self.failure.borrow().is_some() {
             self.signals.halt();
