@@ -321,6 +321,46 @@ fn a_checkpoint_round_trips_through_serde() {
     assert!(err < 1e-10, "restored learner diverged: {err:e}");
 }
 
+#[test]
+fn an_update_gives_the_same_bits_on_any_number_of_threads() {
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    let x = DMatrix::<f64>::from_fn(300, 2, |_, _| rng.random_range(-2.0..2.0));
+    let y = DVector::from_fn(300, |i, _| {
+        f64::from(u8::from(x[(i, 0)] > 0.0) + u8::from(x[(i, 1)] > 0.5))
+    });
+    let stream = Data::new(x, y).unwrap();
+    let learn = |threads: usize| {
+        let config = SequentialConfig {
+            inducing: 15,
+            learn_inducing: true,
+            m_steps: 5,
+            optimizer: Optimizer::Lbfgs { history: 5 },
+            memory: MemoryPolicy::PerBatch {
+                k: 20,
+                capacity: Some(40),
+            },
+            ..SequentialConfig::default()
+        };
+        let softmax = Likelihood::Softmax {
+            classes: 3,
+            samples: 8,
+            seed: 1,
+        };
+        let mut learner = SequentialLearner::new(kernel(), softmax, config)
+            .unwrap()
+            .on_threads(threads);
+        for batch in 0..3 {
+            learner.update(&rows(&stream, 100 * batch..100 * (batch + 1))).unwrap();
+        }
+        let post = learner.posterior().unwrap().predict_f(stream.x());
+        (learner.kernel().clone(), post.mean, post.var)
+    };
+    let one = learn(1);
+    for threads in [2, 3] {
+        assert!(learn(threads) == one, "{threads} threads changed the update");
+    }
+}
+
 /// Titsias' (2009) collapsed bound for a squared-exponential kernel and
 /// Gaussian noise, `log θ = [log variance, log ℓ, log σ²]`, written out densely.
 /// The squared-exponential `K(a, b)` under log-hyperparameters `[variance, lengthscale, noise]`.

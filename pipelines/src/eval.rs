@@ -44,7 +44,8 @@ pub struct EvalArgs {
     pub order: String,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Dataflow workers; the model-only learner gives the same numbers for any count.
+    /// Threads dual-memory's updates run on (its blocks of points are shared
+    /// out); the numbers are the same, bit for bit, for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     #[arg(long)]
@@ -197,7 +198,8 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         streaming @ (Method::DualMemory | Method::Osgpr | Method::VarGp) => {
             // The learners share m (VAR-GP: m a task).
             let first_rows = settings.first_inducing(train.x());
-            let mut learner = settings.streaming_learner(streaming, kernel, likelihood.clone(), first_rows)?;
+            let mut learner =
+                settings.streaming_learner(streaming, kernel, likelihood.clone(), first_rows, args.workers)?;
             let metrics = stream(
                 learner.as_mut(),
                 &prepared,

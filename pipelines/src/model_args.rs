@@ -637,16 +637,18 @@ impl Settings {
 
     /// The streaming learner `method` names, from `kernel` and `likelihood`
     /// (and inducing inputs `z`, if given): the one registry of `--method`.
+    /// Dual-memory answers its updates on `threads` threads; the others use one.
     pub fn streaming_learner(
         &self,
         method: Method,
         kernel: Kernel,
         likelihood: Likelihood,
         z: Option<DMatrix<f64>>,
+        threads: usize,
     ) -> Result<Box<dyn StreamingLearner>> {
         Ok(match method {
             Method::DualMemory => {
-                let learner = SequentialLearner::new(kernel, likelihood, self.sequential.clone())?;
+                let learner = SequentialLearner::new(kernel, likelihood, self.sequential.clone())?.on_threads(threads);
                 Box::new(match z {
                     Some(z) => learner.with_inducing(z)?,
                     None => learner,

@@ -356,7 +356,7 @@ fn learn(
         return Ok((model.posterior, model.likelihood));
     }
     let first_rows = settings.first_inducing(data.x());
-    let mut learner = settings.streaming_learner(method, kernel, likelihood, first_rows)?;
+    let mut learner = settings.streaming_learner(method, kernel, likelihood, first_rows, 1)?;
     learner.learn_batch(data)?;
     Ok((learner.fitted()?.clone(), learner.likelihood().clone()))
 }

@@ -249,6 +249,14 @@ pub struct SequentialLearner {
     curvature: Curvature,
     pub n_seen: u64,
     pub batches: u64,
+    /// Threads this process's own updates answer their blocks on: a choice
+    /// of the machine, not of the model, so a checkpoint does not keep it.
+    #[serde(skip, default = "one_thread")]
+    threads: usize,
+}
+
+fn one_thread() -> usize {
+    1
 }
 
 impl SequentialLearner {
@@ -269,7 +277,15 @@ impl SequentialLearner {
             curvature: Curvature::default(),
             n_seen: 0,
             batches: 0,
+            threads: 1,
         })
+    }
+
+    /// Answers this process's own updates on `threads` threads (the results
+    /// do not change); a dataflow shares its updates out over its workers instead.
+    pub fn on_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
     }
 
     /// Starts from given inducing inputs instead of choosing them from the first batch.
@@ -314,7 +330,7 @@ impl SequentialLearner {
         }
         let d = self.posterior.as_ref().map_or(batch.d(), DualPosterior::d);
         batch.check(d, &self.likelihood)?;
-        let mut shard = Shard::new(Partition::WHOLE, self.batches, ids, batch.clone());
+        let mut shard = Shard::new(Partition::WHOLE, self.batches, ids, batch.clone()).answered_on(self.threads);
         let mut local = Local(&mut shard);
         let mut update = std::pin::pin!(self.learn(&mut local));
         match update.as_mut().poll(&mut Context::from_waker(Waker::noop())) {

@@ -235,6 +235,8 @@ pub struct Shard {
     partition: Partition,
     blocks: BTreeMap<u64, Block>,
     focus: Blocks,
+    /// Threads that answer the blocks together (1: the caller's alone).
+    threads: usize,
 }
 
 impl Shard {
@@ -262,7 +264,15 @@ impl Shard {
             partition,
             blocks,
             focus: Blocks::ALL,
+            threads: 1,
         }
+    }
+
+    /// Answers on `threads` threads, each taking a run of blocks. The answer
+    /// keeps block sums apart, so it is the same, bit for bit, for any count.
+    pub fn answered_on(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
     }
 
     pub fn answer(&mut self, mut query: Query) -> Answer {
@@ -284,11 +294,33 @@ impl Shard {
             _ => {}
         }
         let focus = self.focus;
-        self.blocks
+        let mut blocks: Vec<&mut Block> = self
+            .blocks
             .iter_mut()
             .filter(|(&block, _)| focus.contains(block))
-            .map(|(_, b)| b.answer(&query))
-            .fold(Answer::Nothing, Answer::merge)
+            .map(|(_, b)| b)
+            .collect();
+        let answer_run = |run: &mut [&mut Block]| {
+            run.iter_mut()
+                .map(|b| b.answer(&query))
+                .fold(Answer::Nothing, Answer::merge)
+        };
+        if self.threads == 1 || blocks.len() < 2 {
+            return answer_run(&mut blocks);
+        }
+        let per_thread = blocks.len().div_ceil(self.threads);
+        let (first, rest) = blocks.split_at_mut(per_thread);
+        std::thread::scope(|scope| {
+            let others: Vec<_> = rest
+                .chunks_mut(per_thread)
+                .map(|run| scope.spawn(|| answer_run(run)))
+                .collect();
+            others.into_iter().fold(answer_run(first), |answer, other| {
+                // A panic in a block is the caller's, as on one thread.
+                let other = other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                answer.merge(other)
+            })
+        })
     }
 
     /// Gives each block the memory points it owns (a block may hold only memory).

@@ -87,12 +87,14 @@ pub fn pivoted_cholesky(
             break;
         };
         chosen.push(pivot);
-        let k_pivot = kernel.matrix(&candidates.rows(pivot, 1).into_owned(), candidates);
+        // The pivot's column (not row): a matrix-vector product over the
+        // candidates as stored, instead of a transposed copy of them all.
+        let k_pivot = kernel.matrix(candidates, &candidates.rows(pivot, 1).into_owned());
         let scale = residual[pivot].sqrt();
         let on_pivot: Vec<f64> = factor.column(pivot).rows(0, j).iter().copied().collect();
         for i in 0..n {
             let explained = dot(&on_pivot, &factor.as_slice()[i * m..i * m + j]);
-            let value = (k_pivot[(0, i)] - explained) / scale;
+            let value = (k_pivot[(i, 0)] - explained) / scale;
             factor[(j, i)] = value;
             residual[i] -= value * value;
         }
