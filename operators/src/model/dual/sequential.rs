@@ -571,15 +571,23 @@ impl SequentialLearner {
     /// Damped site updates over the batch and the memory, none lowering the
     /// E-step's bound (see [`e_step_at`](crate::model::dual::estep::e_step_at)).
     async fn e_steps(&mut self, shards: &mut impl Shards, e_step: EStepConfig) -> Result<()> {
-        let checked = !self.likelihood.is_conjugate();
-        let others = if checked {
-            let here = self
-                .totals(shards, Query::Contribution { model: self.current() })
-                .await?;
-            without(&self.require()?.whitened, &here)
-        } else {
-            Vec::new()
+        let others = match self.likelihood.is_conjugate() {
+            false => {
+                let here = self
+                    .totals(shards, Query::Contribution { model: self.current() })
+                    .await?;
+                without(&self.require()?.whitened, &here)
+            }
+            true => Vec::new(),
         };
+        self.e_steps_beside(shards, e_step, &others).await
+    }
+
+    /// [`e_steps`](Self::e_steps) with `others`, the totals' part that the
+    /// points that answer do not hold, already known (only a non-conjugate
+    /// likelihood's bound uses it).
+    async fn e_steps_beside(&mut self, shards: &mut impl Shards, e_step: EStepConfig, others: &[Sites]) -> Result<()> {
+        let checked = !self.likelihood.is_conjugate();
         let mut guard = Backtracking::new(e_step.rho);
         for _ in 0..e_step.steps {
             let start = self.require()?.whitened.clone();
@@ -595,7 +603,7 @@ impl SequentialLearner {
             let post = self.posterior.as_mut().expect("initialised");
             // Conjugate steps are exact: nothing to check, no bound to compute.
             let back = if checked {
-                let value = bound(post, checked_expectation(step.expected)?, &others);
+                let value = bound(post, checked_expectation(step.expected)?, others);
                 tracing::debug!(
                     rho = guard.step().rho,
                     radius = guard.step().radius,
@@ -861,7 +869,8 @@ impl SequentialLearner {
         if self.likelihood.is_conjugate() {
             Ok(())
         } else {
-            self.e_steps(shards, self.config.e_step).await
+            // The totals are past's sites and the points' own: no need to ask for the latter again.
+            self.e_steps_beside(shards, self.config.e_step, &past.sites).await
         }
     }
 

@@ -15,21 +15,33 @@ use crate::model::math::quadrature::LogSumExp;
 /// The softmax likelihood bound to its cached standard-normal sample.
 pub(super) struct Softmax {
     classes: usize,
-    /// `samples × classes` draws, row-major; each row is used as `+ε` and `−ε`.
+    /// `ε` class by class: `eps[k · S + s]` for sample `s < S`; each is used
+    /// as `+ε` and `−ε`.
     eps: Arc<[f64]>,
 }
 
 /// Floor on `v_c` inside `√v_c` so the reparameterised derivative stays finite.
 pub(super) const SOFTMAX_VAR_FLOOR: f64 = 1e-12;
 
-/// One antithetic draw `f = μ + √v ∘ (sign · ε)` and its softmax.
-struct SoftmaxDraw<'a> {
-    sign: f64,
-    eps: &'a [f64],
+/// One point's `2S` draws, class by class so that every loop runs along the
+/// draws (vectorised, whatever the number of classes): draw `s < S` is
+/// `f = μ + √v ∘ ε_s`, draw `S + s` its antithetic `μ − √v ∘ ε_s`.
+struct Draws<'a> {
+    /// Draws per class, `2S`.
+    n: usize,
+    /// `f[k · 2S + s]`.
     f: &'a [f64],
-    /// `log Σ_c exp f_c`.
-    log_norm: f64,
-    probs: &'a [f64],
+    /// `softmax(f)_k` of draw `s` at `p[k · 2S + s]`.
+    p: &'a [f64],
+    /// `log Σ_k exp f_k` per draw.
+    log_norm: &'a [f64],
+}
+
+impl Draws<'_> {
+    fn class(&self, k: usize) -> (&[f64], &[f64]) {
+        let run = k * self.n..(k + 1) * self.n;
+        (&self.f[run.clone()], &self.p[run])
+    }
 }
 
 impl Softmax {
@@ -53,107 +65,162 @@ impl Softmax {
         2 * self.eps.len() / self.classes
     }
 
-    /// Calls `visit` on every antithetic draw, using per-thread scratch so the
-    /// E-step loop does not allocate. All draws' latents are made first, so
-    /// that one vectorised `exp` runs over all of them.
-    fn for_each_draw(&self, mean: &[f64], var: &[f64], mut visit: impl FnMut(&SoftmaxDraw)) {
+    /// Calls `visit` with the point's draws, made in per-thread scratch so the
+    /// E-step loop does not allocate.
+    fn with_draws<T>(&self, mean: &[f64], var: &[f64], visit: impl FnOnce(&Draws) -> T) -> T {
         thread_local! {
             static SCRATCH: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
         }
-        let c = self.classes;
-        let draws = self.n_draws();
+        let (c, n) = (self.classes, self.n_draws());
         SCRATCH.with_borrow_mut(|scratch| {
-            scratch.resize(c + 2 * draws * c + draws, 0.0);
-            let (sd, rest) = scratch.split_at_mut(c);
-            let (f, rest) = rest.split_at_mut(draws * c);
-            let (probs, log_norm) = rest.split_at_mut(draws * c);
-            for (s, v) in sd.iter_mut().zip(var) {
-                *s = v.max(SOFTMAX_VAR_FLOOR).sqrt();
-            }
-            // Draw 2k is `μ + √v ∘ ε_k`, draw 2k + 1 its antithetic `μ − √v ∘ ε_k`.
-            for (k, eps) in self.eps.chunks_exact(c).enumerate() {
-                let (plus, minus) = f[2 * k * c..(2 * k + 2) * c].split_at_mut(c);
-                for j in 0..c {
-                    plus[j] = mean[j] + sd[j] * eps[j];
-                    minus[j] = mean[j] - sd[j] * eps[j];
-                }
-            }
-            for ((f, p), norm) in f
-                .chunks_exact(c)
-                .zip(probs.chunks_exact_mut(c))
-                .zip(log_norm.iter_mut())
-            {
-                let max = f.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                p.iter_mut().zip(f).for_each(|(p, f)| *p = f - max);
-                *norm = max;
-            }
-            exp_nonpositive_in_place(probs);
-            for (p, norm) in probs.chunks_exact_mut(c).zip(log_norm.iter_mut()) {
-                let total: f64 = p.iter().sum();
-                let inv_total = total.recip();
-                p.iter_mut().for_each(|p| *p *= inv_total);
-                *norm += total.ln();
-            }
-            for (row, (eps, sign)) in self.eps.chunks_exact(c).flat_map(|e| [(e, 1.0), (e, -1.0)]).enumerate() {
-                visit(&SoftmaxDraw {
-                    sign,
-                    eps,
-                    f: &f[row * c..(row + 1) * c],
-                    log_norm: log_norm[row],
-                    probs: &probs[row * c..(row + 1) * c],
-                });
-            }
-        });
+            scratch.resize(2 * c * n + 2 * n, 0.0);
+            let (f, rest) = scratch.split_at_mut(c * n);
+            let (p, rest) = rest.split_at_mut(c * n);
+            let (max, log_norm) = rest.split_at_mut(n);
+            make_draws(&self.eps, mean, var, (f, p, max, log_norm));
+            visit(&Draws { n, f, p, log_norm })
+        })
     }
 
     /// Exact derivatives of the fixed-sample estimate
     /// `E = mean_s log softmax(μ + √v ∘ ε_s)_y`.
     pub(super) fn expectation(&self, mean: &[f64], var: &[f64], y: f64, out: &mut Expectation) {
         let label = self.label(y);
-        let mut value = 0.0;
-        out.d_mean.fill(0.0);
-        out.d_var.fill(0.0);
-        out.beta.fill(0.0);
-        self.for_each_draw(mean, var, |d| {
-            value += d.f[label] - d.log_norm;
-            for (k, &p) in d.probs.iter().enumerate() {
-                let g = if k == label { 1.0 - p } else { -p };
-                out.d_mean[k] += g;
-                // Divided by 2√v_k once at the end.
-                out.d_var[k] += g * d.sign * d.eps[k];
-                // −∂²/∂f_k² log softmax(f)_y.
-                out.beta[k] += p * (1.0 - p);
+        let half = self.n_draws() / 2;
+        let n = self.n_draws() as f64;
+        self.with_draws(mean, var, |d| {
+            let (f_label, _) = d.class(label);
+            out.value = f_label.iter().zip(d.log_norm).map(|(f, l)| f - l).sum::<f64>() / n;
+            for (k, eps) in self.eps.chunks_exact(half).enumerate() {
+                // ∂E/∂μ_k = [k = y] − mean p_k; β_k = mean p_k(1 − p_k), the
+                // expected −∂²/∂f_k² log softmax(f)_y; ∂E/∂v_k = −Σ ±ε p_k / (2S · 2√v_k)
+                // (the label's Σ ±ε is 0 over the antithetic pairs).
+                let [p, pq, signed] = class_sums(eps, d.class(k).1);
+                out.d_mean[k] = f64::from(u8::from(k == label)) - p / n;
+                out.beta[k] = pq / n;
+                out.d_var[k] = -signed / (n * 2.0 * var[k].max(SOFTMAX_VAR_FLOOR).sqrt());
             }
         });
-        let n = self.n_draws() as f64;
-        out.value = value / n;
-        out.d_mean.iter_mut().for_each(|g| *g /= n);
-        out.beta.iter_mut().for_each(|b| *b /= n);
-        for (g, v) in out.d_var.iter_mut().zip(var) {
-            *g /= n * 2.0 * v.max(SOFTMAX_VAR_FLOOR).sqrt();
-        }
     }
 
     pub(super) fn log_predictive(&self, mean: &[f64], var: &[f64], y: f64) -> f64 {
         let label = self.label(y);
-        let mut acc = LogSumExp::default();
-        self.for_each_draw(mean, var, |d| acc.add(d.f[label] - d.log_norm));
-        acc.value() - (self.n_draws() as f64).ln()
+        self.with_draws(mean, var, |d| {
+            let mut acc = LogSumExp::default();
+            let (f_label, _) = d.class(label);
+            f_label.iter().zip(d.log_norm).for_each(|(f, l)| acc.add(f - l));
+            acc.value() - (d.n as f64).ln()
+        })
     }
 
     pub(super) fn predict(&self, mean: &[f64], var: &[f64]) -> Vec<f64> {
-        let mut avg = vec![0.0; self.classes];
-        self.for_each_draw(mean, var, |d| {
-            avg.iter_mut().zip(d.probs).for_each(|(a, p)| *a += p);
-        });
-        let n = self.n_draws() as f64;
-        avg.iter_mut().for_each(|a| *a /= n);
-        avg
+        self.with_draws(mean, var, |d| {
+            (0..self.classes)
+                .map(|k| d.class(k).1.iter().sum::<f64>() / d.n as f64)
+                .collect()
+        })
     }
 }
 
-/// The `samples × classes` standard-normal draws for `seed`, generated once
-/// per process and shared: regenerating them per record would dominate the E-step.
+/// `[Σ p, Σ p(1 − p), Σ ±ε p]` over one class's draws `p` (the first half
+/// drawn with `+ε`, the second with `−ε`), in four fixed lanes so that the
+/// sums vectorise and do not depend on the CPU.
+fn class_sums(eps: &[f64], p: &[f64]) -> [f64; 3] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { class_sums_avx2(eps, p) };
+    }
+    class_sums_portable(eps, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn class_sums_avx2(eps: &[f64], p: &[f64]) -> [f64; 3] {
+    class_sums_portable(eps, p)
+}
+
+#[inline(always)]
+fn class_sums_portable(eps: &[f64], p: &[f64]) -> [f64; 3] {
+    const LANES: usize = 4;
+    let (plus, minus) = p.split_at(eps.len());
+    let mut sums = [[0.0; LANES]; 3];
+    let mut add = |lane: usize, e: f64, p: f64, q: f64| {
+        sums[0][lane] += p + q;
+        sums[1][lane] += p * (1.0 - p) + q * (1.0 - q);
+        sums[2][lane] += e * (p - q);
+    };
+    let whole = eps.len() / LANES * LANES;
+    for i in (0..whole).step_by(LANES) {
+        for lane in 0..LANES {
+            add(lane, eps[i + lane], plus[i + lane], minus[i + lane]);
+        }
+    }
+    for i in whole..eps.len() {
+        add(0, eps[i], plus[i], minus[i]);
+    }
+    sums.map(|lanes| lanes.iter().sum())
+}
+
+/// Fills `f`, `p = softmax(f)` and `log Σ exp f` for every draw (`max` is
+/// scratch), compiled for four lanes where the CPU has them.
+fn make_draws(eps: &[f64], mean: &[f64], var: &[f64], out: (&mut [f64], &mut [f64], &mut [f64], &mut [f64])) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe { make_draws_avx2(eps, mean, var, out) };
+        return;
+    }
+    make_draws_portable(eps, mean, var, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn make_draws_avx2(eps: &[f64], mean: &[f64], var: &[f64], out: (&mut [f64], &mut [f64], &mut [f64], &mut [f64])) {
+    make_draws_portable(eps, mean, var, out);
+}
+
+#[inline(always)]
+fn make_draws_portable(
+    eps: &[f64],
+    mean: &[f64],
+    var: &[f64],
+    (f, p, max, log_norm): (&mut [f64], &mut [f64], &mut [f64], &mut [f64]),
+) {
+    let n = max.len();
+    let half = n / 2;
+    for (k, (f, eps)) in f.chunks_exact_mut(n).zip(eps.chunks_exact(half)).enumerate() {
+        let sd = var[k].max(SOFTMAX_VAR_FLOOR).sqrt();
+        let (plus, minus) = f.split_at_mut(half);
+        for ((plus, minus), e) in plus.iter_mut().zip(minus.iter_mut()).zip(eps) {
+            *plus = mean[k] + sd * e;
+            *minus = mean[k] - sd * e;
+        }
+    }
+    max.fill(f64::NEG_INFINITY);
+    for f in f.chunks_exact(n) {
+        max.iter_mut().zip(f).for_each(|(m, f)| *m = m.max(*f));
+    }
+    for (p, f) in p.chunks_exact_mut(n).zip(f.chunks_exact(n)) {
+        p.iter_mut().zip(f).zip(max.iter()).for_each(|((p, f), m)| *p = f - m);
+    }
+    exp_nonpositive_in_place(p);
+    // The normaliser per draw, summed class by class (along the draws).
+    log_norm.fill(0.0);
+    for p in p.chunks_exact(n) {
+        log_norm.iter_mut().zip(p).for_each(|(t, p)| *t += p);
+    }
+    for p in p.chunks_exact_mut(n) {
+        p.iter_mut().zip(log_norm.iter()).for_each(|(p, t)| *p /= t);
+    }
+    for (l, m) in log_norm.iter_mut().zip(max.iter()) {
+        *l = m + l.ln();
+    }
+}
+
+/// The `samples × classes` standard-normal draws for `seed` (drawn sample by
+/// sample, stored class by class), generated once per process and shared:
+/// regenerating them per record would dominate the E-step.
 pub(super) fn softmax_eps(classes: usize, samples: usize, seed: u64) -> Arc<[f64]> {
     type Key = (usize, usize, u64);
     static CACHE: OnceLock<Mutex<HashMap<Key, Arc<[f64]>>>> = OnceLock::new();
@@ -165,9 +232,40 @@ pub(super) fn softmax_eps(classes: usize, samples: usize, seed: u64) -> Arc<[f64
         .entry((classes, samples, seed))
         .or_insert_with(|| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            (0..classes * samples)
+            let drawn: Vec<f64> = (0..classes * samples)
                 .map(|_| StandardNormal.sample(&mut rng))
+                .collect();
+            (0..classes)
+                .flat_map(|k| drawn.iter().skip(k).step_by(classes).copied())
                 .collect()
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_gives_the_same_bits() {
+        // Seven samples: the lanes' remainder is taken too.
+        let (classes, samples) = (3, 7);
+        let eps = softmax_eps(classes, samples, 5);
+        let (mean, var) = ([0.3, -1.2, 2.0], [0.5, 1e-14, 3.0]);
+        let n = 2 * samples;
+        let draws = |make: fn(&[f64], &[f64], &[f64], (&mut [f64], &mut [f64], &mut [f64], &mut [f64]))| {
+            let (mut f, mut p, mut max, mut log_norm) = (
+                vec![0.0; classes * n],
+                vec![0.0; classes * n],
+                vec![0.0; n],
+                vec![0.0; n],
+            );
+            make(&eps, &mean, &var, (&mut f, &mut p, &mut max, &mut log_norm));
+            (f, p, log_norm)
+        };
+        let (dispatched, portable) = (draws(make_draws), draws(make_draws_portable));
+        assert_eq!(dispatched, portable);
+        let p = &portable.1[..n];
+        assert_eq!(class_sums(&eps[..samples], p), class_sums_portable(&eps[..samples], p));
+    }
 }
