@@ -158,6 +158,7 @@ fn learner(settings: &Settings, d: usize, likelihood: Likelihood) -> Result<Box<
         settings.kernel(d),
         settings.likelihood(likelihood),
         None,
+        1,
     )
 }
 

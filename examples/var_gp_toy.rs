@@ -103,7 +103,7 @@ fn main() -> Result<()> {
     let likelihood = Likelihood::parse("softmax:4")?;
     let x = grid();
     for method in [Method::VarGp, Method::DualMemory] {
-        let mut learner = settings.streaming_learner(method, settings.kernel(2), likelihood.clone(), None)?;
+        let mut learner = settings.streaming_learner(method, settings.kernel(2), likelihood.clone(), None, 1)?;
         let mut rows = Vec::new();
         for (t, task) in tasks.iter().enumerate() {
             learner.learn_batch(task)?;

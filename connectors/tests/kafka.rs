@@ -298,7 +298,12 @@ fn resuming_from_a_checkpoint_or_committed_offsets_loses_and_repeats_nothing() {
         "{}",
         checkpointed.len()
     );
-    workers[0].commit(&checkpoint).unwrap();
+    workers[0].commit(1, &checkpoint).unwrap();
+    assert_eq!(
+        workers[0].settle_commits(),
+        Some(1),
+        "the broker acknowledged the commit"
+    );
     drop(workers);
 
     let rest = |resume: Option<&KafkaPosition>, config: &KafkaSourceConfig, peers: usize| {

@@ -102,7 +102,7 @@ pub struct ServeArgs {
     pub broker_timeout: f64,
     /// Epochs read ahead of the learner at most: with on-arrival scoring,
     /// the most epochs a record's model can lag behind it.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 16)]
     pub epochs_in_flight: u64,
     /// on-arrival: each record scored at once with the newest model its
     /// worker holds; prequential: once every earlier epoch is learned.

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::sync::{Mutex, MutexGuard};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -108,9 +109,15 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// [`KafkaSource::next_epoch_streaming`]).
 const POLL_SLICE: Duration = Duration::from_millis(10);
 
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A worker's reader of its partitions of one topic.
 pub struct KafkaSource {
     consumer: BaseConsumer,
+    /// The newest commit sent: its epoch and offsets.
+    sent: Mutex<Option<(u64, KafkaPosition)>>,
     config: KafkaSourceConfig,
     partitions: Vec<i32>,
     /// Next offset per partition, for those read from or resumed at.
@@ -146,6 +153,12 @@ impl KafkaSource {
             // Records are scored on arrival: a fetch should not wait for more
             // (librdkafka's default is 500 ms; `--kafka-option` overrides).
             .set("fetch.wait.max.ms", "10")
+            // Closing waits for commits still out up to the session timeout
+            // (45 s by default); with a broker that is gone, the broker timeout is enough.
+            .set(
+                "session.timeout.ms",
+                conn.timeout_ms.clamp(6_000, 3_600_000).to_string(),
+            )
             .set(
                 "auto.offset.reset",
                 if config.start == StartOffset::Latest {
@@ -191,6 +204,7 @@ impl KafkaSource {
         let now = Instant::now();
         Ok(KafkaSource {
             consumer,
+            sent: Mutex::new(None),
             partitions,
             offsets,
             next_epoch: resume.map_or(0, |r| r.next_epoch),
@@ -318,10 +332,13 @@ impl KafkaSource {
         })
     }
 
-    /// Commit `position`'s offsets as the group's (all partitions it names,
-    /// so one worker can commit the merged checkpoint). Call it only after
-    /// the epochs before `position` are checkpointed.
-    pub fn commit(&self, position: &KafkaPosition) -> Result<(), KafkaError> {
+    /// Sends a commit of `position`'s offsets, those after `epoch`, as the
+    /// group's (all partitions it names, so one worker can commit the merged
+    /// checkpoint), without waiting for the broker: a synchronous commit to a
+    /// broker that is gone never returns, and would hold up the worker that
+    /// reads and scores. Call it only after the epochs before `position` are
+    /// checkpointed; [`settle_commits`](Self::settle_commits) waits for the newest.
+    pub fn commit(&self, epoch: u64, position: &KafkaPosition) -> Result<(), KafkaError> {
         if position.topic != self.config.topic {
             return Err(KafkaError::Config(format!(
                 "a position of topic `{}` cannot be committed for `{}`",
@@ -331,17 +348,52 @@ impl KafkaSource {
         if position.offsets.is_empty() {
             return Ok(());
         }
-        let mut list = TopicPartitionList::new();
-        for (&p, &o) in &position.offsets {
-            list.add_partition_offset(&position.topic, p, Offset::Offset(o))
-                .map_err(self.config.connection.operation("committing offsets"))?;
-        }
+        let list = self.offset_list(position, Offset::Offset)?;
         self.consumer
-            .commit(&list, CommitMode::Sync)
+            .commit(&list, CommitMode::Async)
             .map_err(self.config.connection.operation(format!(
                 "committing offsets of `{}` for group `{}`",
                 position.topic, self.config.group_id
-            )))
+            )))?;
+        *locked(&self.sent) = Some((epoch, position.clone()));
+        Ok(())
+    }
+
+    /// The epoch of the newest commit sent, once the group's offsets on the
+    /// broker are that commit's; waits at most the connection's timeout (a
+    /// broker that is gone does not hold up the end of a run).
+    pub fn settle_commits(&self) -> Option<u64> {
+        let (epoch, position) = locked(&self.sent).clone()?;
+        let list = self.offset_list(&position, |_| Offset::Invalid).ok()?;
+        let deadline = Instant::now() + self.config.connection.timeout();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(committed) = self.consumer.committed_offsets(list.clone(), left) {
+                let there = committed.elements().iter().all(
+                    |e| matches!(e.offset(), Offset::Offset(o) if position.offsets.get(&e.partition()) == Some(&o)),
+                );
+                if there {
+                    return Some(epoch);
+                }
+            }
+            if Instant::now() + POLL_SLICE >= deadline {
+                return None;
+            }
+            sleep(POLL_SLICE);
+        }
+    }
+
+    fn offset_list(
+        &self,
+        position: &KafkaPosition,
+        offset: impl Fn(i64) -> Offset,
+    ) -> Result<TopicPartitionList, KafkaError> {
+        let mut list = TopicPartitionList::new();
+        for (&p, &o) in &position.offsets {
+            list.add_partition_offset(&position.topic, p, offset(o))
+                .map_err(self.config.connection.operation("committing offsets"))?;
+        }
+        Ok(list)
     }
 
     fn note_trouble(&mut self, e: &RdError) {

@@ -37,7 +37,8 @@ pub(crate) struct Serving {
 #[derive(Debug, Default)]
 pub(crate) struct WorkerOutcome {
     pub error: Option<String>,
-    /// Worker 0: the newest epoch checkpointed and the newest committed.
+    /// Worker 0: the newest epoch checkpointed and the newest whose offsets
+    /// commit the broker acknowledged.
     pub checkpointed: Option<u64>,
     pub committed: Option<u64>,
 }
@@ -64,7 +65,8 @@ pub(crate) struct KafkaEnds {
     last_input: Instant,
     signals: Signals,
     commits: Rc<RefCell<Commits>>,
-    committed: Option<u64>,
+    /// The newest epoch whose offsets commit was sent.
+    commit_sent: Option<u64>,
     /// This worker's first error.
     failure: Rc<RefCell<Option<String>>>,
     index: usize,
@@ -98,17 +100,23 @@ impl KafkaEnds {
             last_input: Instant::now(),
             signals: Signals::new(worker.index(), worker.peers()),
             commits: Rc::default(),
-            committed: None,
+            commit_sent: None,
             failure,
             index: worker.index(),
         }
     }
 
+    /// How the run ended, once the dataflow has; worker 0 first waits for
+    /// the broker to answer its last commits (at most the broker timeout).
     pub fn outcome(self) -> WorkerOutcome {
+        let committed = match &self.source {
+            Some(source) if self.index == 0 => source.settle_commits(),
+            _ => None,
+        };
         WorkerOutcome {
             error: self.failure.take(),
             checkpointed: self.commits.borrow().checkpointed,
-            committed: self.committed,
+            committed,
         }
     }
 
@@ -143,11 +151,11 @@ impl KafkaEnds {
         let (Some((epoch, at)), Some(source)) = (ready, self.source.as_ref()) else {
             return;
         };
-        if self.committed.is_some_and(|c| c >= epoch) {
+        if self.commit_sent.is_some_and(|c| c >= epoch) {
             return;
         }
-        match source.commit(&at) {
-            Ok(()) => self.committed = Some(epoch),
+        match source.commit(epoch, &at) {
+            Ok(()) => self.commit_sent = Some(epoch),
             Err(e) => tracing::error!("{e}"),
         }
     }
@@ -282,7 +290,9 @@ impl Ends for KafkaEnds {
     /// positions to worker 0; worker 0 then commits.
     fn settle(&mut self, _: &ProbeHandle<u64>, _: bool) {
         let done = self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
-        if done > self.delivered {
+        // After a failed delivery nothing more is checkpointed or committed,
+        // and each flush to a broker that is gone would wait out its timeout.
+        if done > self.delivered && self.positions.is_open() {
             match self.predictions.flush().and_then(|()| self.dead.flush()) {
                 Ok(()) => {
                     self.positions.release_before(done);
@@ -297,8 +307,8 @@ impl Ends for KafkaEnds {
                     self.fail(e.to_string());
                 }
             }
-            self.delivered = done;
         }
+        self.delivered = self.delivered.max(done);
         if self.index == 0 {
             self.commit();
         }
@@ -362,6 +372,10 @@ impl DeliveredPositions {
     /// Ends the stream; epochs not released by then get no checkpoint.
     fn close(&mut self) {
         self.handle = None;
+    }
+
+    fn is_open(&self) -> bool {
+        self.handle.is_some()
     }
 }
 

@@ -162,9 +162,12 @@ fn class_sums_portable(eps: &[f64], p: &[f64]) -> [f64; 3] {
     sums.map(|lanes| lanes.iter().sum())
 }
 
+/// Where [`make_draws`] writes: `f`, `p`, `max` (scratch) and `log_norm`, as in [`Draws`].
+type DrawsOut<'a> = (&'a mut [f64], &'a mut [f64], &'a mut [f64], &'a mut [f64]);
+
 /// Fills `f`, `p = softmax(f)` and `log Σ exp f` for every draw (`max` is
 /// scratch), compiled for four lanes where the CPU has them.
-fn make_draws(eps: &[f64], mean: &[f64], var: &[f64], out: (&mut [f64], &mut [f64], &mut [f64], &mut [f64])) {
+fn make_draws(eps: &[f64], mean: &[f64], var: &[f64], out: DrawsOut<'_>) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked just above.
@@ -176,17 +179,12 @@ fn make_draws(eps: &[f64], mean: &[f64], var: &[f64], out: (&mut [f64], &mut [f6
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn make_draws_avx2(eps: &[f64], mean: &[f64], var: &[f64], out: (&mut [f64], &mut [f64], &mut [f64], &mut [f64])) {
+fn make_draws_avx2(eps: &[f64], mean: &[f64], var: &[f64], out: DrawsOut<'_>) {
     make_draws_portable(eps, mean, var, out);
 }
 
 #[inline(always)]
-fn make_draws_portable(
-    eps: &[f64],
-    mean: &[f64],
-    var: &[f64],
-    (f, p, max, log_norm): (&mut [f64], &mut [f64], &mut [f64], &mut [f64]),
-) {
+fn make_draws_portable(eps: &[f64], mean: &[f64], var: &[f64], (f, p, max, log_norm): DrawsOut) {
     let n = max.len();
     let half = n / 2;
     for (k, (f, eps)) in f.chunks_exact_mut(n).zip(eps.chunks_exact(half)).enumerate() {
@@ -253,7 +251,7 @@ mod tests {
         let eps = softmax_eps(classes, samples, 5);
         let (mean, var) = ([0.3, -1.2, 2.0], [0.5, 1e-14, 3.0]);
         let n = 2 * samples;
-        let draws = |make: fn(&[f64], &[f64], &[f64], (&mut [f64], &mut [f64], &mut [f64], &mut [f64]))| {
+        let draws = |make: fn(&[f64], &[f64], &[f64], DrawsOut<'_>)| {
             let (mut f, mut p, mut max, mut log_norm) = (
                 vec![0.0; classes * n],
                 vec![0.0; classes * n],
