@@ -126,7 +126,8 @@ const SETUPS: &[Setup] = &[
         name: "broker alone",
         serve: None,
     },
-    // The default schedule (a re-learning L-BFGS M-step, pivoted inducing inputs).
+    // The default schedule (a re-learning L-BFGS M-step that moves the
+    // inducing inputs; up to 16 epochs in flight, as many as one update learns).
     Setup {
         name: "default",
         serve: Some(ServeFlags {
@@ -134,13 +135,12 @@ const SETUPS: &[Setup] = &[
             model_flags: &["--inducing", "100"],
         }),
     },
-    // The default schedule, reading on while up to 16 epochs (what one update
-    // learns together at most) wait for the learner.
+    // The old default: reading waits once the learner is 2 epochs behind.
     Setup {
-        name: "default, 16 in flight",
+        name: "default, 2 in flight",
         serve: Some(ServeFlags {
             scoring: "on-arrival",
-            model_flags: &["--inducing", "100", "--epochs-in-flight", "16"],
+            model_flags: &["--inducing", "100", "--epochs-in-flight", "2"],
         }),
     },
     Setup {
