@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::sync::{Mutex, MutexGuard};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -109,15 +108,11 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// [`KafkaSource::next_epoch_streaming`]).
 const POLL_SLICE: Duration = Duration::from_millis(10);
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// A worker's reader of its partitions of one topic.
 pub struct KafkaSource {
     consumer: BaseConsumer,
     /// The newest commit sent: its epoch and offsets.
-    sent: Mutex<Option<(u64, KafkaPosition)>>,
+    sent: Option<(u64, KafkaPosition)>,
     config: KafkaSourceConfig,
     partitions: Vec<i32>,
     /// Next offset per partition, for those read from or resumed at.
@@ -204,7 +199,7 @@ impl KafkaSource {
         let now = Instant::now();
         Ok(KafkaSource {
             consumer,
-            sent: Mutex::new(None),
+            sent: None,
             partitions,
             offsets,
             next_epoch: resume.map_or(0, |r| r.next_epoch),
@@ -332,13 +327,13 @@ impl KafkaSource {
         })
     }
 
-    /// Sends a commit of `position`'s offsets, those after `epoch`, as the
-    /// group's (all partitions it names, so one worker can commit the merged
+    /// Sends a commit of `position`'s offsets (where reading resumes after
+    /// epoch `epoch`) as the group's (all partitions it names, so one worker can commit the merged
     /// checkpoint), without waiting for the broker: a synchronous commit to a
     /// broker that is gone never returns, and would hold up the worker that
     /// reads and scores. Call it only after the epochs before `position` are
     /// checkpointed; [`settle_commits`](Self::settle_commits) waits for the newest.
-    pub fn commit(&self, epoch: u64, position: &KafkaPosition) -> Result<(), KafkaError> {
+    pub fn commit(&mut self, epoch: u64, position: &KafkaPosition) -> Result<(), KafkaError> {
         if position.topic != self.config.topic {
             return Err(KafkaError::Config(format!(
                 "a position of topic `{}` cannot be committed for `{}`",
@@ -355,7 +350,7 @@ impl KafkaSource {
                 "committing offsets of `{}` for group `{}`",
                 position.topic, self.config.group_id
             )))?;
-        *locked(&self.sent) = Some((epoch, position.clone()));
+        self.sent = Some((epoch, position.clone()));
         Ok(())
     }
 
@@ -363,8 +358,8 @@ impl KafkaSource {
     /// broker are that commit's; waits at most the connection's timeout (a
     /// broker that is gone does not hold up the end of a run).
     pub fn settle_commits(&self) -> Option<u64> {
-        let (epoch, position) = locked(&self.sent).clone()?;
-        let list = self.offset_list(&position, |_| Offset::Invalid).ok()?;
+        let (epoch, position) = self.sent.as_ref()?;
+        let list = self.offset_list(position, |_| Offset::Invalid).ok()?;
         let deadline = Instant::now() + self.config.connection.timeout();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -373,7 +368,7 @@ impl KafkaSource {
                     |e| matches!(e.offset(), Offset::Offset(o) if position.offsets.get(&e.partition()) == Some(&o)),
                 );
                 if there {
-                    return Some(epoch);
+                    return Some(*epoch);
                 }
             }
             if Instant::now() + POLL_SLICE >= deadline {

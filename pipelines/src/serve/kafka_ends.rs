@@ -148,7 +148,7 @@ impl KafkaEnds {
         if let Some(why) = error {
             self.fail(why);
         }
-        let (Some((epoch, at)), Some(source)) = (ready, self.source.as_ref()) else {
+        let (Some((epoch, at)), Some(source)) = (ready, self.source.as_mut()) else {
             return;
         };
         if self.commit_sent.is_some_and(|c| c >= epoch) {

@@ -571,14 +571,13 @@ impl SequentialLearner {
     /// Damped site updates over the batch and the memory, none lowering the
     /// E-step's bound (see [`e_step_at`](crate::model::dual::estep::e_step_at)).
     async fn e_steps(&mut self, shards: &mut impl Shards, e_step: EStepConfig) -> Result<()> {
-        let others = match self.likelihood.is_conjugate() {
-            false => {
-                let here = self
-                    .totals(shards, Query::Contribution { model: self.current() })
-                    .await?;
-                without(&self.require()?.whitened, &here)
-            }
-            true => Vec::new(),
+        let others = if self.likelihood.is_conjugate() {
+            Vec::new()
+        } else {
+            let here = self
+                .totals(shards, Query::Contribution { model: self.current() })
+                .await?;
+            without(&self.require()?.whitened, &here)
         };
         self.e_steps_beside(shards, e_step, &others).await
     }
