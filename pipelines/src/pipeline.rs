@@ -30,9 +30,10 @@ pub struct PipelineConfig {
     pub predict_all_outputs: bool,
     #[serde(default = "one")]
     pub workers: usize,
-    /// Epochs read ahead of the learner at most.
-    #[serde(default = "two")]
-    pub epochs_in_flight: u64,
+    /// Epochs read ahead of the learner at most (default: as `replay` for
+    /// Parquet, 2; as `serve` for Kafka, 16).
+    #[serde(default)]
+    pub epochs_in_flight: Option<u64>,
     /// prequential | on-arrival (default: prequential for Parquet, on-arrival for Kafka).
     pub scoring: Option<Scoring>,
     pub source: Source,
@@ -85,9 +86,6 @@ pub struct Sinks {
 
 fn one() -> usize {
     1
-}
-fn two() -> u64 {
-    2
 }
 fn thousand() -> u64 {
     1000
@@ -149,7 +147,7 @@ impl PipelineConfig {
                     model,
                     report: sinks.report.clone(),
                     dead_letters: sinks.dead_letters.clone(),
-                    epochs_in_flight: self.epochs_in_flight,
+                    epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::replay::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::Prequential),
                 })
             }
@@ -187,7 +185,7 @@ impl PipelineConfig {
                     group_id: group_id.clone(),
                     kafka_options: options.clone().into_iter().collect(),
                     broker_timeout: *broker_timeout,
-                    epochs_in_flight: self.epochs_in_flight,
+                    epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::serve::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::OnArrival),
                     metrics_port: *metrics_port,
                     metrics_host: std::net::IpAddr::from([127, 0, 0, 1]),

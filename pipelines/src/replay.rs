@@ -34,6 +34,10 @@ use crate::model_args::ModelArgs;
 use crate::protocol::Standardizer;
 use crate::wiring::{self, fresh_learner, Ends, Start};
 
+/// `--epochs-in-flight`'s default: a backtest's records wait in the file,
+/// so few epochs need to be held read ahead.
+pub const EPOCHS_IN_FLIGHT: u64 = 2;
+
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
     #[arg(long)]
@@ -70,7 +74,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub dead_letters: Option<PathBuf>,
     /// Epochs read ahead of the learner at most (bounds memory).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = EPOCHS_IN_FLIGHT)]
     pub epochs_in_flight: u64,
     /// prequential: epoch e scored by the model of the epochs before it, the
     /// same on any number of workers; on-arrival: as `serve` scores (timing-dependent).

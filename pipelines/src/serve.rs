@@ -52,6 +52,11 @@ use crate::wiring::{self, fresh_learner, Start};
 use kafka_ends::{Equipment, KafkaEnds, Serving, WorkerOutcome};
 use opening::{share_opening, Opening, Word};
 
+/// `--epochs-in-flight`'s default: as many epochs as one update learns
+/// together, so that a learner that falls behind catches up instead of
+/// holding up reading.
+pub const EPOCHS_IN_FLIGHT: u64 = 16;
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// `host:port[,host:port…]`
@@ -102,7 +107,7 @@ pub struct ServeArgs {
     pub broker_timeout: f64,
     /// Epochs read ahead of the learner at most: with on-arrival scoring,
     /// the most epochs a record's model can lag behind it.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = EPOCHS_IN_FLIGHT)]
     pub epochs_in_flight: u64,
     /// on-arrival: each record scored at once with the newest model its
     /// worker holds; prequential: once every earlier epoch is learned.
