@@ -332,8 +332,12 @@ impl KafkaSource {
     /// checkpoint), without waiting for the broker: a synchronous commit to a
     /// broker that is gone never returns, and would hold up the worker that
     /// reads and scores. Call it only after the epochs before `position` are
-    /// checkpointed; [`settle_commits`](Self::settle_commits) waits for the newest.
+    /// checkpointed; [`settle_commits`](Self::settle_commits) waits for the
+    /// newest. An epoch no newer than the last one sent is not sent again.
     pub fn commit(&mut self, epoch: u64, position: &KafkaPosition) -> Result<(), KafkaError> {
+        if self.sent.as_ref().is_some_and(|(sent, _)| *sent >= epoch) {
+            return Ok(());
+        }
         if position.topic != self.config.topic {
             return Err(KafkaError::Config(format!(
                 "a position of topic `{}` cannot be committed for `{}`",

@@ -65,8 +65,6 @@ pub(crate) struct KafkaEnds {
     last_input: Instant,
     signals: Signals,
     commits: Rc<RefCell<Commits>>,
-    /// The newest epoch whose offsets commit was sent.
-    commit_sent: Option<u64>,
     /// This worker's first error.
     failure: Rc<RefCell<Option<String>>>,
     index: usize,
@@ -100,7 +98,6 @@ impl KafkaEnds {
             last_input: Instant::now(),
             signals: Signals::new(worker.index(), worker.peers()),
             commits: Rc::default(),
-            commit_sent: None,
             failure,
             index: worker.index(),
         }
@@ -151,12 +148,8 @@ impl KafkaEnds {
         let (Some((epoch, at)), Some(source)) = (ready, self.source.as_mut()) else {
             return;
         };
-        if self.commit_sent.is_some_and(|c| c >= epoch) {
-            return;
-        }
-        match source.commit(epoch, &at) {
-            Ok(()) => self.commit_sent = Some(epoch),
-            Err(e) => tracing::error!("{e}"),
+        if let Err(e) = source.commit(epoch, &at) {
+            tracing::error!("{e}");
         }
     }
 }

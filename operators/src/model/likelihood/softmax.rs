@@ -38,9 +38,14 @@ struct Draws<'a> {
 }
 
 impl Draws<'_> {
-    fn class(&self, k: usize) -> (&[f64], &[f64]) {
-        let run = k * self.n..(k + 1) * self.n;
-        (&self.f[run.clone()], &self.p[run])
+    /// Class `k`'s latent over the draws.
+    fn f(&self, k: usize) -> &[f64] {
+        &self.f[k * self.n..(k + 1) * self.n]
+    }
+
+    /// Class `k`'s probability over the draws.
+    fn p(&self, k: usize) -> &[f64] {
+        &self.p[k * self.n..(k + 1) * self.n]
     }
 }
 
@@ -86,16 +91,14 @@ impl Softmax {
     /// `E = mean_s log softmax(μ + √v ∘ ε_s)_y`.
     pub(super) fn expectation(&self, mean: &[f64], var: &[f64], y: f64, out: &mut Expectation) {
         let label = self.label(y);
-        let half = self.n_draws() / 2;
-        let n = self.n_draws() as f64;
         self.with_draws(mean, var, |d| {
-            let (f_label, _) = d.class(label);
-            out.value = f_label.iter().zip(d.log_norm).map(|(f, l)| f - l).sum::<f64>() / n;
-            for (k, eps) in self.eps.chunks_exact(half).enumerate() {
+            let n = d.n as f64;
+            out.value = d.f(label).iter().zip(d.log_norm).map(|(f, l)| f - l).sum::<f64>() / n;
+            for (k, eps) in self.eps.chunks_exact(d.n / 2).enumerate() {
                 // ∂E/∂μ_k = [k = y] − mean p_k; β_k = mean p_k(1 − p_k), the
                 // expected −∂²/∂f_k² log softmax(f)_y; ∂E/∂v_k = −Σ ±ε p_k / (2S · 2√v_k)
                 // (the label's Σ ±ε is 0 over the antithetic pairs).
-                let [p, pq, signed] = class_sums(eps, d.class(k).1);
+                let [p, pq, signed] = class_sums(eps, d.p(k));
                 out.d_mean[k] = f64::from(u8::from(k == label)) - p / n;
                 out.beta[k] = pq / n;
                 out.d_var[k] = -signed / (n * 2.0 * var[k].max(SOFTMAX_VAR_FLOOR).sqrt());
@@ -107,8 +110,7 @@ impl Softmax {
         let label = self.label(y);
         self.with_draws(mean, var, |d| {
             let mut acc = LogSumExp::default();
-            let (f_label, _) = d.class(label);
-            f_label.iter().zip(d.log_norm).for_each(|(f, l)| acc.add(f - l));
+            d.f(label).iter().zip(d.log_norm).for_each(|(f, l)| acc.add(f - l));
             acc.value() - (d.n as f64).ln()
         })
     }
@@ -116,7 +118,7 @@ impl Softmax {
     pub(super) fn predict(&self, mean: &[f64], var: &[f64]) -> Vec<f64> {
         self.with_draws(mean, var, |d| {
             (0..self.classes)
-                .map(|k| d.class(k).1.iter().sum::<f64>() / d.n as f64)
+                .map(|k| d.p(k).iter().sum::<f64>() / d.n as f64)
                 .collect()
         })
     }
@@ -218,8 +220,26 @@ fn make_draws_portable(eps: &[f64], mean: &[f64], var: &[f64], (f, p, max, log_n
 
 /// The `samples × classes` standard-normal draws for `seed` (drawn sample by
 /// sample, stored class by class), generated once per process and shared:
-/// regenerating them per record would dominate the E-step.
+/// regenerating them per record would dominate the E-step. Each thread keeps
+/// the last ones it used, so that threads answering blocks side by side do
+/// not meet on the process's lock once per point.
 pub(super) fn softmax_eps(classes: usize, samples: usize, seed: u64) -> Arc<[f64]> {
+    type Key = (usize, usize, u64);
+    thread_local! {
+        static LAST: RefCell<Option<(Key, Arc<[f64]>)>> = const { RefCell::new(None) };
+    }
+    let key = (classes, samples, seed);
+    LAST.with_borrow_mut(|last| match last {
+        Some((k, eps)) if *k == key => Arc::clone(eps),
+        _ => {
+            let eps = shared_eps(key);
+            *last = Some((key, Arc::clone(&eps)));
+            eps
+        }
+    })
+}
+
+fn shared_eps((classes, samples, seed): (usize, usize, u64)) -> Arc<[f64]> {
     type Key = (usize, usize, u64);
     static CACHE: OnceLock<Mutex<HashMap<Key, Arc<[f64]>>>> = OnceLock::new();
     let mut cache = CACHE
