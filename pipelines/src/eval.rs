@@ -44,8 +44,9 @@ pub struct EvalArgs {
     pub order: String,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Threads dual-memory's updates run on (its blocks of points are shared
-    /// out); the numbers are the same, bit for bit, for any count.
+    /// Threads dual-memory's updates and the offline fit run on (their
+    /// blocks of points are shared out); the numbers are the same, bit for
+    /// bit, for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     #[arg(long)]
@@ -215,7 +216,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         }
         Method::Offline => {
             let started = Instant::now();
-            let model = settings.fit_offline(kernel, likelihood.clone(), &train)?;
+            let model = settings.fit_offline(kernel, likelihood.clone(), &train, args.workers)?;
             total = started.elapsed().as_secs_f64();
             let score = |t: &Data| {
                 Ok(dualgp_operators::model::evaluate(

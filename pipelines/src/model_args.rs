@@ -672,10 +672,17 @@ impl Settings {
     }
 
     /// `--method offline`: the offline trainer on all of `data`, with the
-    /// learners' number of inducing inputs and pivot.
-    pub fn fit_offline(&self, kernel: Kernel, likelihood: Likelihood, data: &Data) -> Result<OfflineModel> {
+    /// learners' number of inducing inputs and pivot, on `threads` threads.
+    pub fn fit_offline(
+        &self,
+        kernel: Kernel,
+        likelihood: Likelihood,
+        data: &Data,
+        threads: usize,
+    ) -> Result<OfflineModel> {
         let config = OfflineConfig {
             pivot: self.sequential.pivot,
+            threads,
             ..OfflineConfig::default()
         };
         Ok(fit_offline(

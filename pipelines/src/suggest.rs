@@ -352,7 +352,7 @@ fn learn(
 ) -> Result<(DualPosterior, Likelihood)> {
     let (kernel, likelihood) = (settings.kernel(data.d()), settings.likelihood(likelihood));
     if method == Method::Offline {
-        let model = settings.fit_offline(kernel, likelihood, data)?;
+        let model = settings.fit_offline(kernel, likelihood, data, 1)?;
         return Ok((model.posterior, model.likelihood));
     }
     let first_rows = settings.first_inducing(data.x());

@@ -3,21 +3,23 @@
 //! learner is measured against.
 
 use nalgebra::DVector;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::estep::{e_step_at, EStepConfig, PointSites};
-use crate::model::dual::objective::{
-    hyperparameters, m_step_objective, set_hyperparameters, with_inducing_inputs, DataTerms, Objective,
-};
-use crate::model::dual::posterior::{Cross, DualPosterior};
+use crate::model::dual::ask::{at_once, e_steps_beside, snapshot, totals, unexpected, Local};
+use crate::model::dual::blocks::{minibatches, Blocks};
+use crate::model::dual::estep::{without, EStepConfig};
+use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs, Objective};
+use crate::model::dual::posterior::{DualPosterior, Sites};
+use crate::model::dual::shard::{route, Answer, Partition, Query, Shard};
+use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::inducing::{select_inducing, Pivot};
-use crate::model::math::optim::{lbfgs_maximize, Adam, Optimizer};
+use crate::model::math::kernel::Kernel;
+use crate::model::math::optim::{Adam, Lbfgs, Optimizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -46,6 +48,13 @@ pub struct OfflineConfig {
     #[serde(default)]
     pub pivot: Pivot,
     pub seed: u64,
+    /// Threads that answer the points' blocks (the fit does not depend on it).
+    #[serde(default = "one_thread")]
+    pub threads: usize,
+}
+
+fn one_thread() -> usize {
+    1
 }
 
 impl Default for OfflineConfig {
@@ -59,25 +68,28 @@ impl Default for OfflineConfig {
             inducing: InducingUpdate::Optimized,
             pivot: Pivot::Variance,
             seed: 0,
+            threads: 1,
         }
     }
 }
 
-/// What training leaves behind: the posterior, the fitted likelihood, and the
-/// per-point sites of the training data.
+/// What training leaves behind: the posterior and the fitted likelihood.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OfflineModel {
     pub posterior: DualPosterior,
     pub likelihood: Likelihood,
-    pub sites: PointSites,
     /// `F(θ)` after every round's M-step.
     pub objective: Vec<f64>,
 }
 
 /// Trains from the prior: `Z` by pivoted Cholesky on `data` (`m` points),
 /// then `config.rounds` of E-step and M-step.
+///
+/// The points are a [`Shard`] of fixed blocks, as an update's are, answered
+/// on `config.threads` threads: sums are made per block and added in block
+/// order, so the fit is the same, bit for bit, on any number of threads.
 pub fn fit_offline(
-    kernel: crate::model::math::kernel::Kernel,
+    kernel: Kernel,
     likelihood: Likelihood,
     data: &Data,
     m: usize,
@@ -91,24 +103,31 @@ pub fn fit_offline(
     config.e_step.validate()?;
     let z = select_inducing(&kernel, data.x(), m, config.pivot);
     let posterior = DualPosterior::new(kernel, z, likelihood.n_latent())?;
-    let sites = PointSites::zeros(data.n(), likelihood.n_latent());
-    let mut model = OfflineModel {
+    let ids: Vec<i64> = (0..data.n() as i64).collect();
+    let shard = Shard::new(Partition::WHOLE, 0, &ids, data.clone()).answered_on(config.threads);
+    let mut trainer = Trainer {
         posterior,
         likelihood,
-        sites,
-        objective: Vec::new(),
+        shard,
+        ids,
+        config,
+        rng: ChaCha8Rng::seed_from_u64(config.seed),
+        adam: match config.optimizer {
+            Optimizer::Adam { lr } => Adam::new(lr),
+            Optimizer::Lbfgs { .. } => Adam::new(0.0),
+        },
     };
-    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
-    let mut adam = match config.optimizer {
-        Optimizer::Adam { lr } => Some(Adam::new(lr)),
-        Optimizer::Lbfgs { .. } => None,
-    };
+    trainer.shard.answer(Query::Begin {
+        model: trainer.snapshot(),
+        memory: Vec::new(),
+    });
+    let mut objective = Vec::new();
     for round in 0..config.rounds {
         let started = std::time::Instant::now();
-        let cross = model.rebuild_totals(data)?;
-        model.e_step(data, &cross, config, &mut rng)?;
+        trainer.refit()?;
+        trainer.e_step()?;
         let e_seconds = started.elapsed().as_secs_f64();
-        let (value, evaluations) = model.m_step(data, config, adam.as_mut(), &mut rng)?;
+        let (value, evaluations) = trainer.m_step()?;
         tracing::debug!(
             round,
             e_seconds,
@@ -117,128 +136,152 @@ pub fn fit_offline(
             objective = value,
             "offline round"
         );
-        model.objective.push(value);
+        objective.push(value);
         if config.inducing == InducingUpdate::Pivoted {
-            let m = model.posterior.m();
-            model.posterior.z = select_inducing(&model.posterior.kernel, data.x(), m, config.pivot);
+            let post = &mut trainer.posterior;
+            post.z = select_inducing(&post.kernel, data.x(), post.m(), config.pivot);
         }
     }
-    let cross = model.rebuild_totals(data)?;
-    model.e_step(data, &cross, config, &mut rng)?;
-    Ok(model)
+    trainer.refit()?;
+    trainer.e_step()?;
+    Ok(OfflineModel {
+        posterior: trainer.posterior,
+        likelihood: trainer.likelihood,
+        objective,
+    })
 }
 
-impl OfflineModel {
-    /// Sets the totals to the training points' sites under the current kernel
-    /// and `Z` (the E-step's precondition after an M-step or a move of `Z`);
-    /// returns the kernel quantities at the data, valid until `θ` or `Z` move.
-    fn rebuild_totals(&mut self, data: &Data) -> Result<Cross> {
-        self.posterior.refresh()?;
-        let cross = self.posterior.cross(data.x());
-        self.posterior.whitened = self.sites.totals(&cross.a);
-        self.posterior.refresh_sites()?;
-        Ok(cross)
+/// The model being trained and the shard that holds the training points and their sites.
+struct Trainer<'a> {
+    posterior: DualPosterior,
+    likelihood: Likelihood,
+    shard: Shard,
+    /// The points' ids: their row numbers.
+    ids: Vec<i64>,
+    config: &'a OfflineConfig,
+    rng: ChaCha8Rng,
+    adam: Adam,
+}
+
+impl Trainer<'_> {
+    fn snapshot(&self) -> Snapshot {
+        snapshot(&self.posterior, &self.likelihood)
     }
 
-    fn e_step(&mut self, data: &Data, cross: &Cross, config: &OfflineConfig, rng: &mut ChaCha8Rng) -> Result<()> {
-        let Some(size) = config.minibatch else {
-            return e_step_at(
-                &mut self.posterior,
-                &self.likelihood,
-                data,
-                cross,
-                &mut self.sites,
-                &config.e_step,
-                0.0,
-            );
-        };
-        for rows in shuffled_batches(data.n(), size, rng) {
-            let mut part = self.sites.select(&rows);
-            e_step_at(
-                &mut self.posterior,
-                &self.likelihood,
-                &data.select(&rows),
-                &cross.select(&rows),
-                &mut part,
-                &config.e_step,
-                0.0,
-            )?;
-            self.sites.scatter(&rows, &part);
+    /// Sets the totals to the points' sites under the current kernel and `Z`
+    /// (a conjugate likelihood's sites made exact under it): the E-step's
+    /// precondition after an M-step or a move of `Z`.
+    fn refit(&mut self) -> Result<()> {
+        self.posterior.refresh()?;
+        let query = Query::Refit { model: self.snapshot() };
+        self.posterior.whitened = at_once(totals(&mut Local(&mut self.shard), &self.posterior, query))?;
+        self.posterior.refresh_sites()
+    }
+
+    /// E-steps on all points, or on each minibatch in turn with the others'
+    /// sites held; nothing to do for a conjugate likelihood, whose sites
+    /// [`refit`](Self::refit) made exact.
+    fn e_step(&mut self) -> Result<()> {
+        if self.likelihood.is_conjugate() {
+            return Ok(());
         }
+        let (m, n_latent) = (self.posterior.m(), self.posterior.n_latent());
+        let Some(size) = self.config.minibatch else {
+            let nothing_else = vec![Sites::zeros(m); n_latent];
+            return self.e_steps_beside(&nothing_else);
+        };
+        for set in minibatches(self.ids.iter().copied(), size, self.rng.random()) {
+            self.shard.answer(Query::Focus { blocks: set });
+            let query = Query::Contribution { model: self.snapshot() };
+            let here = at_once(totals(&mut Local(&mut self.shard), &self.posterior, query))?;
+            self.e_steps_beside(&without(&self.posterior.whitened, &here))?;
+        }
+        self.shard.answer(Query::Focus { blocks: Blocks::ALL });
         Ok(())
     }
 
-    /// Maximises `F(θ)` with the totals fixed; returns the final `F(θ)` on
-    /// all data and how many times the objective was evaluated.
-    fn m_step(
-        &mut self,
-        data: &Data,
-        config: &OfflineConfig,
-        adam: Option<&mut Adam>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<(f64, usize)> {
-        let with_z = config.inducing == InducingUpdate::Optimized;
-        let start = self.params(with_z);
+    fn e_steps_beside(&mut self, others: &[Sites]) -> Result<()> {
+        let shards = &mut Local(&mut self.shard);
+        at_once(e_steps_beside(
+            shards,
+            &mut self.posterior,
+            &self.likelihood,
+            self.config.e_step,
+            others,
+        ))
+    }
+
+    /// Maximises `F(θ)`; returns the final `F(θ)` on all data and how many
+    /// times the objective was evaluated.
+    fn m_step(&mut self) -> Result<(f64, usize)> {
+        let with_z = self.config.inducing == InducingUpdate::Optimized;
+        let mut params = self.params(with_z);
         let mut evaluations = 0;
-        let params = match (config.optimizer, adam) {
+        match self.config.optimizer {
             // L-BFGS climbs the profile `θ ↦ F(θ, sites*(θ))`: every evaluation
             // first brings the sites to their E-step fixed point (warm-started), where
             // the gradient at fixed sites is the gradient of the profile (envelope
-            // theorem; exact for a Gaussian likelihood, whose E-step is exact).
-            (Optimizer::Lbfgs { history }, _) => {
-                let f = |p: &DVector<f64>| {
+            // theorem; exact for a Gaussian likelihood, whose sites are exact).
+            Optimizer::Lbfgs { history } => {
+                let mut search = Lbfgs::new(params, self.config.m_steps, history);
+                while let Some(p) = search.next_point() {
                     evaluations += 1;
-                    let warm = self.sites.clone();
-                    let mut profile = |model: &mut Self| {
-                        model.set_params(p, with_z)?;
-                        let cross = model.rebuild_totals(data)?;
-                        model.e_step(data, &cross, config, rng)?;
-                        Ok(model.objective_at(data, &cross, with_z))
+                    let p = p.clone();
+                    let profile = |trainer: &mut Self| {
+                        trainer.set_params(&p, with_z)?;
+                        trainer.refit()?;
+                        trainer.e_step()?;
+                        let o = trainer.objective(Blocks::ALL, with_z)?;
+                        Ok((o.value, o.stacked_grad()))
                     };
-                    // A failed trial point must not leave its sites behind.
-                    let o = profile(self).inspect_err(|_| self.sites = warm)?;
-                    Ok((o.value, packed_grad(&o, with_z)))
-                };
-                lbfgs_maximize(f, start, config.m_steps, history)?.0
-            }
-            (Optimizer::Adam { .. }, Some(adam)) => {
-                let mut p = start;
-                for _ in 0..config.m_steps {
-                    evaluations += 1;
-                    let o = match config.minibatch {
-                        None => m_step_objective(&self.posterior, &self.likelihood, data, None)?,
-                        Some(size) => {
-                            let rows = shuffled_batches(data.n(), size, rng).swap_remove(0);
-                            let weights = vec![data.n() as f64 / rows.len() as f64; rows.len()];
-                            m_step_objective(&self.posterior, &self.likelihood, &data.select(&rows), Some(&weights))?
-                        }
-                    };
-                    adam.step(&mut p, &packed_grad(&o, with_z));
-                    self.set_params(&p, with_z)?;
+                    search.tell(profile(self))?;
                 }
-                p
+                params = search.best().0;
             }
-            (Optimizer::Adam { .. }, None) => unreachable!("an Adam state exists for the Adam optimiser"),
-        };
+            // Adam steps on the bound with the sites held, on all points or a minibatch.
+            Optimizer::Adam { .. } => {
+                for _ in 0..self.config.m_steps {
+                    evaluations += 1;
+                    let points = match self.config.minibatch {
+                        None => Blocks::ALL,
+                        Some(size) => minibatches(self.ids.iter().copied(), size, self.rng.random())[0],
+                    };
+                    let grad = self.objective(points, with_z)?.stacked_grad();
+                    self.adam.step(&mut params, &grad);
+                    self.set_params(&params, with_z)?;
+                }
+            }
+        }
         self.set_params(&params, with_z)?;
-        let cross = if matches!(config.optimizer, Optimizer::Lbfgs { .. }) {
+        if matches!(self.config.optimizer, Optimizer::Lbfgs { .. }) {
             // The line search may have ended on a rejected point's sites.
-            let cross = self.rebuild_totals(data)?;
-            self.e_step(data, &cross, config, rng)?;
-            cross
-        } else {
-            self.posterior.cross(data.x())
-        };
-        Ok((self.objective_at(data, &cross, false).value, evaluations))
+            self.refit()?;
+            self.e_step()?;
+        }
+        Ok((self.objective(Blocks::ALL, false)?.value, evaluations))
     }
 
-    /// `F(θ)` on all of `data`, whose kernel quantities are `cross` (`∂F/∂Z` only `with_z`).
-    fn objective_at(&self, data: &Data, cross: &Cross, with_z: bool) -> Objective {
-        DataTerms::new(&self.posterior, &self.likelihood, data, cross, None, with_z).finish(
-            &self.posterior,
-            &self.likelihood,
-            None,
-        )
+    /// `F(θ)` with the points of `points` standing for all (their terms
+    /// weighted by how many they stand for); `∂F/∂Z` only `with_z`.
+    fn objective(&mut self, points: Blocks, with_z: bool) -> Result<Objective> {
+        self.posterior.prepare_gradients();
+        let query = Query::Gradient {
+            model: self.snapshot(),
+            memory_weight: 1.0,
+            with_z,
+        };
+        self.shard.answer(Query::Focus { blocks: points });
+        let answer = self.shard.answer(query);
+        self.shard.answer(Query::Focus { blocks: Blocks::ALL });
+        let mut terms = match answer {
+            Answer::Terms(terms) => terms.total(),
+            other => return Err(unexpected("M-step terms", &other)),
+        };
+        if points != Blocks::ALL {
+            let held = self.ids.iter().filter(|&&id| points.contains(route(id))).count();
+            terms.scale(self.ids.len() as f64 / held as f64);
+        }
+        Ok(terms.finish(&self.posterior, &self.likelihood, None))
     }
 
     /// The optimised parameters: hyperparameters, then `Z` column by column.
@@ -264,20 +307,4 @@ impl OfflineModel {
         }
         self.posterior.refresh()
     }
-}
-
-/// The objective's gradient in the layout of [`OfflineModel::params`].
-fn packed_grad(o: &Objective, with_z: bool) -> DVector<f64> {
-    if !with_z {
-        return o.grad.clone();
-    }
-    let grad_z = o.grad_z.as_ref().expect("the objective was asked for ∂F/∂Z");
-    with_inducing_inputs(o.grad.clone(), grad_z)
-}
-
-/// A random partition of `0..n` into batches of `size` (the last may be smaller).
-fn shuffled_batches(n: usize, size: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<usize>> {
-    let mut rows: Vec<usize> = (0..n).collect();
-    rows.shuffle(rng);
-    rows.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
 }

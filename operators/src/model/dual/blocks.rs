@@ -38,25 +38,33 @@ pub fn m_step_sample(ids: impl IntoIterator<Item = i64>, bound: usize, seed: u64
 /// Whole blocks, in an order drawn from `seed`, until they hold at least
 /// `bound` of the points with these `ids`; every block if all of them fit.
 fn sample(ids: impl IntoIterator<Item = i64>, bound: usize, seed: u64) -> Blocks {
+    minibatches(ids, bound, seed)[0]
+}
+
+/// Every block holding one of these `ids`, in an order drawn from `seed`,
+/// cut into sets that hold at least `size` points each (the last may hold
+/// fewer): a random partition of the points, the same on any number of workers.
+pub fn minibatches(ids: impl IntoIterator<Item = i64>, size: usize, seed: u64) -> Vec<Blocks> {
     let mut count = [0usize; BLOCKS as usize];
     for id in ids {
         count[route(id) as usize] += 1;
     }
-    if count.iter().sum::<usize>() <= bound {
-        return Blocks::ALL;
+    if count.iter().sum::<usize>() <= size {
+        return vec![Blocks::ALL];
     }
-    let mut order: Vec<u64> = (0..BLOCKS).collect();
+    let mut order: Vec<u64> = (0..BLOCKS).filter(|&b| count[b as usize] > 0).collect();
     order.sort_by_key(|&b| splitmix64(seed ^ splitmix64(b)));
-    let mut chosen = Blocks(0);
-    let mut held = 0;
+    let mut sets = vec![(Blocks(0), 0)];
     for b in order {
-        if held >= bound {
-            break;
+        let (chosen, held) = sets.last_mut().expect("one set at least");
+        if *held >= size {
+            sets.push((Blocks(0).with(b), count[b as usize]));
+        } else {
+            *chosen = chosen.with(b);
+            *held += count[b as usize];
         }
-        chosen = chosen.with(b);
-        held += count[b as usize];
     }
-    chosen
+    sets.into_iter().map(|(chosen, _)| chosen).collect()
 }
 
 #[cfg(test)]
@@ -83,6 +91,23 @@ mod tests {
             chosen,
             "another seed, another sample"
         );
+    }
+
+    #[test]
+    fn minibatches_partition_the_blocks_that_hold_points() {
+        let ids: Vec<i64> = (0..600).collect();
+        let sets = minibatches(ids.iter().copied(), 200, 3);
+        let held = |set: Blocks| ids.iter().filter(|&&id| set.contains(route(id))).count();
+        assert!(sets.len() >= 2);
+        for set in &sets[..sets.len() - 1] {
+            assert!(held(*set) >= 200, "{} points", held(*set));
+        }
+        assert_eq!(sets.iter().map(|&s| held(s)).sum::<usize>(), 600);
+        let union = sets.iter().fold(0, |u, s| {
+            assert_eq!(u & s.0, 0, "sets overlap");
+            u | s.0
+        });
+        assert_eq!(union, Blocks::ALL.0, "every block holds some of 600 points");
     }
 
     #[test]

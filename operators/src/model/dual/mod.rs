@@ -3,6 +3,7 @@
 //! per-point sites, the M-step objective, the past's message, the memory and
 //! the shards that share the per-point work out among workers.
 
+pub mod ask;
 pub mod blocks;
 pub mod estep;
 pub mod memory;

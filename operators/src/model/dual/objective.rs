@@ -198,6 +198,22 @@ impl DataTerms {
         terms
     }
 
+    /// Weighs every point `w` times as much.
+    pub fn scale(&mut self, w: f64) {
+        self.value *= w;
+        self.kernel_grad *= w;
+        self.likelihood_grad *= w;
+        if let Some(g) = self.grad_z.as_mut() {
+            *g *= w;
+        }
+        for a in &mut self.kzx_d_mean {
+            *a *= w;
+        }
+        for a in &mut self.gram_d_var {
+            *a *= w;
+        }
+    }
+
     /// Adds another share of points.
     pub fn add(&mut self, other: &DataTerms) {
         self.value += other.value;

@@ -5,16 +5,16 @@
 //! their Bayesian leverage score.
 
 use std::collections::HashSet;
-use std::future::Future;
-use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
+pub use crate::model::dual::ask::Shards;
+use crate::model::dual::ask::{at_once, e_steps_beside, snapshot, totals, unexpected, Local};
 use crate::model::dual::blocks::{m_step_sample, Blocks};
-use crate::model::dual::estep::{bound, checked_expectation, without, Backtracking, EStepConfig};
+use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::PastMessage;
@@ -331,12 +331,7 @@ impl SequentialLearner {
         let d = self.posterior.as_ref().map_or(batch.d(), DualPosterior::d);
         batch.check(d, &self.likelihood)?;
         let mut shard = Shard::new(Partition::WHOLE, self.batches, ids, batch.clone()).answered_on(self.threads);
-        let mut local = Local(&mut shard);
-        let mut update = std::pin::pin!(self.learn(&mut local));
-        match update.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(report) => report,
-            Poll::Pending => unreachable!("a local shard answers at once"),
-        }
+        at_once(self.learn(&mut Local(&mut shard)))
     }
 
     /// Algorithm 1 over a batch held by `shards` (validated records; the first
@@ -432,10 +427,9 @@ impl SequentialLearner {
 
     /// What the workers need of the current model.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        self.posterior.as_ref().map(|posterior| Snapshot {
-            posterior: posterior.clone(),
-            likelihood: self.likelihood.clone(),
-        })
+        self.posterior
+            .as_ref()
+            .map(|posterior| snapshot(posterior, &self.likelihood))
     }
 
     fn current(&self) -> Snapshot {
@@ -586,55 +580,12 @@ impl SequentialLearner {
     /// points that answer do not hold, already known (only a non-conjugate
     /// likelihood's bound uses it).
     async fn e_steps_beside(&mut self, shards: &mut impl Shards, e_step: EStepConfig, others: &[Sites]) -> Result<()> {
-        let checked = !self.likelihood.is_conjugate();
-        let mut guard = Backtracking::new(e_step.rho);
-        for _ in 0..e_step.steps {
-            let start = self.require()?.whitened.clone();
-            let query = Query::EStep {
-                model: self.current(),
-                step: guard.step(),
-            };
-            let step = match shards.ask(query).await {
-                Answer::Step(s) => s.total(),
-                Answer::Nothing => return Ok(()),
-                other => return Err(unexpected("an E-step", &other)),
-            };
-            let post = self.posterior.as_mut().expect("initialised");
-            // Conjugate steps are exact: nothing to check, no bound to compute.
-            let back = if checked {
-                let value = bound(post, checked_expectation(step.expected)?, others);
-                tracing::debug!(
-                    rho = guard.step().rho,
-                    radius = guard.step().radius,
-                    bound = value,
-                    "e-step"
-                );
-                guard.check(value, start)
-            } else {
-                None
-            };
-            match back {
-                Some(back) => {
-                    shards.ask(Query::Restore).await;
-                    post.whitened = back;
-                    post.refresh_sites()?;
-                }
-                None => self.add_to_totals(&step.change)?,
-            }
-        }
-        Ok(())
+        let post = self.posterior.as_mut().expect("initialised");
+        e_steps_beside(shards, post, &self.likelihood, e_step, others).await
     }
 
-    /// Summed [`Answer::Totals`] (zero if no shard holds a point).
     async fn totals(&self, shards: &mut impl Shards, query: Query) -> Result<Vec<Sites>> {
-        match shards.ask(query).await {
-            Answer::Totals(t) => Ok(t.total()),
-            Answer::Nothing => {
-                let post = self.require()?;
-                Ok(vec![Sites::zeros(post.m()); post.n_latent()])
-            }
-            other => Err(unexpected("site totals", &other)),
-        }
+        totals(shards, self.require()?, query).await
     }
 
     fn add_to_totals(&mut self, change: &[Sites]) -> Result<()> {
@@ -1023,26 +974,6 @@ impl Past {
         }
         sum
     }
-}
-
-/// Asks every shard the same question and merges their answers.
-pub trait Shards {
-    fn ask(&mut self, query: Query) -> impl Future<Output = Answer>;
-}
-
-/// The model-only learner's single shard, which answers at once.
-struct Local<'a>(&'a mut Shard);
-
-impl Shards for Local<'_> {
-    fn ask(&mut self, query: Query) -> impl Future<Output = Answer> {
-        std::future::ready(self.0.answer(query))
-    }
-}
-
-fn unexpected(wanted: &str, got: &Answer) -> ModelError {
-    let kind = format!("{got:?}");
-    let kind = kind.split(['(', ' ', '{']).next().unwrap_or("?").to_string();
-    ModelError::Config(format!("the shards answered {kind} where {wanted} were asked for"))
 }
 
 impl StreamingLearner for SequentialLearner {
