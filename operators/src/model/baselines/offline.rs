@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::ask::{at_once, e_steps_beside, snapshot, totals, unexpected, Local};
+use crate::model::dual::ask::{at_once, e_steps_beside, totals, unexpected, Local};
 use crate::model::dual::blocks::{minibatches, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs, Objective};
@@ -103,13 +103,14 @@ pub fn fit_offline(
     config.e_step.validate()?;
     let z = select_inducing(&kernel, data.x(), m, config.pivot);
     let posterior = DualPosterior::new(kernel, z, likelihood.n_latent())?;
-    let ids: Vec<i64> = (0..data.n() as i64).collect();
+    let n = data.n() as i64;
+    let ids: Vec<i64> = (0..n).collect();
     let shard = Shard::new(Partition::WHOLE, 0, &ids, data.clone()).answered_on(config.threads);
     let mut trainer = Trainer {
         posterior,
         likelihood,
         shard,
-        ids,
+        n,
         config,
         rng: ChaCha8Rng::seed_from_u64(config.seed),
         adam: match config.optimizer {
@@ -156,8 +157,8 @@ struct Trainer<'a> {
     posterior: DualPosterior,
     likelihood: Likelihood,
     shard: Shard,
-    /// The points' ids: their row numbers.
-    ids: Vec<i64>,
+    /// How many points: their ids are their row numbers, `0..n`.
+    n: i64,
     config: &'a OfflineConfig,
     rng: ChaCha8Rng,
     adam: Adam,
@@ -165,7 +166,7 @@ struct Trainer<'a> {
 
 impl Trainer<'_> {
     fn snapshot(&self) -> Snapshot {
-        snapshot(&self.posterior, &self.likelihood)
+        Snapshot::of(&self.posterior, &self.likelihood)
     }
 
     /// Sets the totals to the points' sites under the current kernel and `Z`
@@ -190,7 +191,7 @@ impl Trainer<'_> {
             let nothing_else = vec![Sites::zeros(m); n_latent];
             return self.e_steps_beside(&nothing_else);
         };
-        for set in minibatches(self.ids.iter().copied(), size, self.rng.random()) {
+        for set in minibatches(0..self.n, size, self.rng.random()) {
             self.shard.answer(Query::Focus { blocks: set });
             let query = Query::Contribution { model: self.snapshot() };
             let here = at_once(totals(&mut Local(&mut self.shard), &self.posterior, query))?;
@@ -244,7 +245,7 @@ impl Trainer<'_> {
                     evaluations += 1;
                     let points = match self.config.minibatch {
                         None => Blocks::ALL,
-                        Some(size) => minibatches(self.ids.iter().copied(), size, self.rng.random())[0],
+                        Some(size) => minibatches(0..self.n, size, self.rng.random())[0],
                     };
                     let grad = self.objective(points, with_z)?.stacked_grad();
                     self.adam.step(&mut params, &grad);
@@ -278,8 +279,8 @@ impl Trainer<'_> {
             other => return Err(unexpected("M-step terms", &other)),
         };
         if points != Blocks::ALL {
-            let held = self.ids.iter().filter(|&&id| points.contains(route(id))).count();
-            terms.scale(self.ids.len() as f64 / held as f64);
+            let held = (0..self.n).filter(|&id| points.contains(route(id))).count();
+            terms.scale(self.n as f64 / held as f64);
         }
         Ok(terms.finish(&self.posterior, &self.likelihood, None))
     }

@@ -37,14 +37,6 @@ pub fn at_once<T>(work: impl Future<Output = T>) -> T {
     }
 }
 
-/// What the shards need of the model.
-pub fn snapshot(post: &DualPosterior, likelihood: &Likelihood) -> Snapshot {
-    Snapshot {
-        posterior: post.clone(),
-        likelihood: likelihood.clone(),
-    }
-}
-
 /// Up to `e_step.steps` damped E-steps of the points that answer, each kept
 /// only if the step before it raised the bound (see [`Backtracking`]);
 /// `others` is the totals' part those points do not hold (only a
@@ -61,7 +53,7 @@ pub async fn e_steps_beside(
     for _ in 0..e_step.steps {
         let start = post.whitened.clone();
         let query = Query::EStep {
-            model: snapshot(post, likelihood),
+            model: Snapshot::of(post, likelihood),
             step: guard.step(),
         };
         let step = match shards.ask(query).await {

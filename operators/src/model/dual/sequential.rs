@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 pub use crate::model::dual::ask::Shards;
-use crate::model::dual::ask::{at_once, e_steps_beside, snapshot, totals, unexpected, Local};
+use crate::model::dual::ask::{at_once, e_steps_beside, totals, unexpected, Local};
 use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
@@ -429,7 +429,7 @@ impl SequentialLearner {
     pub fn snapshot(&self) -> Option<Snapshot> {
         self.posterior
             .as_ref()
-            .map(|posterior| snapshot(posterior, &self.likelihood))
+            .map(|posterior| Snapshot::of(posterior, &self.likelihood))
     }
 
     fn current(&self) -> Snapshot {

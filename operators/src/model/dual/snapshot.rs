@@ -16,6 +16,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// What the shards need of the model: `post` and `likelihood`, copied.
+    pub fn of(post: &DualPosterior, likelihood: &Likelihood) -> Self {
+        Snapshot {
+            posterior: post.clone(),
+            likelihood: likelihood.clone(),
+        }
+    }
+
     /// The predictive distribution of `y` at each row of `x`.
     pub fn predict(&self, x: &DMatrix<f64>) -> Vec<Predictive> {
         predict(&self.posterior, &self.likelihood, x)

@@ -218,13 +218,15 @@ fn make_draws_portable(eps: &[f64], mean: &[f64], var: &[f64], (f, p, max, log_n
     }
 }
 
+/// The draws' identity: classes, samples, seed.
+type Key = (usize, usize, u64);
+
 /// The `samples × classes` standard-normal draws for `seed` (drawn sample by
 /// sample, stored class by class), generated once per process and shared:
 /// regenerating them per record would dominate the E-step. Each thread keeps
 /// the last ones it used, so that threads answering blocks side by side do
 /// not meet on the process's lock once per point.
 pub(super) fn softmax_eps(classes: usize, samples: usize, seed: u64) -> Arc<[f64]> {
-    type Key = (usize, usize, u64);
     thread_local! {
         static LAST: RefCell<Option<(Key, Arc<[f64]>)>> = const { RefCell::new(None) };
     }
@@ -239,8 +241,7 @@ pub(super) fn softmax_eps(classes: usize, samples: usize, seed: u64) -> Arc<[f64
     })
 }
 
-fn shared_eps((classes, samples, seed): (usize, usize, u64)) -> Arc<[f64]> {
-    type Key = (usize, usize, u64);
+fn shared_eps((classes, samples, seed): Key) -> Arc<[f64]> {
     static CACHE: OnceLock<Mutex<HashMap<Key, Arc<[f64]>>>> = OnceLock::new();
     let mut cache = CACHE
         .get_or_init(Default::default)
