@@ -3,12 +3,14 @@
 //! records/s, against a real Kafka-protocol broker (tansu) on 127.0.0.1.
 //!
 //! First the broker alone: the same paced producer, and a consumer of the
-//! input topic itself, for the round trip that is not serve's.
+//! input topic itself, for the round trip that is not serve's. Each setup
+//! gets a fresh broker (in memory, it slows as it holds more: at 10 000
+//! records/s its own round trip grows through a run of 60 s).
 //! For each serve configuration (the default model flags with m = 100, and a
 //! lighter schedule), the bench starts the built `dualgp serve` as a child
 //! process, produces 2000 warm-up records and waits for their predictions (serve
 //! fixes the dimension from its first epoch, and the first updates are not
-//! what a running service sees), then produces for 10 s at 10 000 records/s
+//! what a running service sees), then produces for 60 s (`KAFKA_LATENCY_SECONDS`) at 10 000 records/s
 //! while another thread consumes the output topic. Latency is the receive
 //! instant of a prediction minus the send instant of its record, so it includes
 //! the producer's linger, the broker both ways, serve's epoch batching, waiting
@@ -26,8 +28,9 @@
 //! cargo bench -p dualgp-pipelines --bench kafka_latency
 //! ```
 //!
-//! About two minutes; wall-clock numbers from one run on a shared machine, so
-//! noisy. Only `cargo bench` (which passes `--bench`) runs it: under
+//! About nine minutes at 60 s a row; wall-clock numbers from one run on a shared machine, so
+//! noisy. `KAFKA_LATENCY_ONLY='light;default'` runs only the setups named so,
+//! and `KAFKA_LATENCY_SERVE_FLAGS` adds flags to every serve. Only `cargo bench` (which passes `--bench`) runs it: under
 //! `cargo test --all-targets` it returns at once.
 
 #[allow(dead_code)] // only the in-memory broker is used here
@@ -63,10 +66,16 @@ const D: usize = 8;
 const RATE: f64 = 10_000.0;
 /// Records produced (and awaited) before the clock starts.
 const WARMUP: usize = 2000;
-/// How long the measured stream lasts.
-const MEASURE: Duration = Duration::from_secs(10);
+/// How long the measured stream lasts: `KAFKA_LATENCY_SECONDS`, 60 by default.
+fn measured_span() -> Duration {
+    let seconds = std::env::var("KAFKA_LATENCY_SECONDS").ok().and_then(|s| s.parse().ok());
+    Duration::from_secs(seconds.unwrap_or(60))
+}
+
 /// Records in the measured stream.
-const MEASURED: usize = 100_000;
+fn measured() -> usize {
+    (RATE * measured_span().as_secs_f64()) as usize
+}
 /// Input partitions: one per serve worker.
 const PARTITIONS: usize = 2;
 /// How long predictions are awaited after the last send, at most.
@@ -127,7 +136,7 @@ const SETUPS: &[Setup] = &[
         serve: None,
     },
     // The default schedule (a re-learning L-BFGS M-step that moves the
-    // inducing inputs; up to 16 epochs in flight, as many as one update learns).
+    // inducing inputs; up to 64 epochs in flight, as many as one update learns).
     Setup {
         name: "default",
         serve: Some(ServeFlags {
@@ -135,7 +144,14 @@ const SETUPS: &[Setup] = &[
             model_flags: &["--inducing", "100"],
         }),
     },
-    // The old default: reading waits once the learner is 2 epochs behind.
+    Setup {
+        name: "default, 16 in flight",
+        serve: Some(ServeFlags {
+            scoring: "on-arrival",
+            model_flags: &["--inducing", "100", "--epochs-in-flight", "16"],
+        }),
+    },
+    // Reading waits once the learner is 2 epochs behind (replay's default).
     Setup {
         name: "default, 2 in flight",
         serve: Some(ServeFlags {
@@ -289,7 +305,7 @@ fn consume(
     );
 
     let mut got = Received {
-        at: vec![None; WARMUP + MEASURED],
+        at: vec![None; WARMUP + measured()],
         duplicates: 0,
         malformed: 0,
         read: 0,
@@ -299,7 +315,7 @@ fn consume(
     };
     let (mut measured, mut last_message) = (0, Instant::now());
     // A hard stop, should the plan never come.
-    let give_up = Instant::now() + WARMUP_WAIT + 2 * MEASURE + DRAIN;
+    let give_up = Instant::now() + WARMUP_WAIT + 2 * measured_span() + DRAIN;
     while Instant::now() < give_up {
         if let Some(&(n, ended)) = plan.lock().unwrap().as_ref() {
             let quiet = ended.elapsed().min(last_message.elapsed()) >= QUIET;
@@ -360,6 +376,12 @@ fn recount(address: &str, topic: &str, ids: &[usize]) -> usize {
     found.len()
 }
 
+/// `KAFKA_LATENCY_SERVE_FLAGS`: flags added to every serve (split at spaces).
+fn extra_serve_flags() -> Vec<String> {
+    let flags = std::env::var("KAFKA_LATENCY_SERVE_FLAGS").unwrap_or_default();
+    flags.split_whitespace().map(String::from).collect()
+}
+
 /// `dualgp serve` as a child process, its output in files; killed if still running when dropped.
 struct Serve {
     child: Child,
@@ -375,6 +397,7 @@ impl Serve {
             .args(SERVE_FLAGS)
             .args(["--scoring", flags.scoring])
             .args(flags.model_flags)
+            .args(extra_serve_flags())
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -479,8 +502,8 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
                 &input,
                 &messages,
                 WARMUP,
-                MEASURED,
-                MEASURE + Duration::from_secs(5),
+                measured(),
+                measured_span() + Duration::from_secs(5),
             )
         })
         .join()
@@ -581,26 +604,36 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
 
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` does not, and
-    // should not start a broker for two minutes.
+    // should not start a broker for minutes.
     if !std::env::args().any(|a| a == "--bench") {
         println!("kafka_latency: run with `cargo bench -p dualgp-pipelines --bench kafka_latency`");
         return;
     }
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let messages = Arc::new(messages(WARMUP + MEASURED));
-    let broker = Broker::start();
-    let address = broker.address();
+    let messages = Arc::new(messages(WARMUP + measured()));
 
+    // `KAFKA_LATENCY_ONLY='light;default'`: only the setups named so.
+    let only = std::env::var("KAFKA_LATENCY_ONLY").ok();
+    let chosen = |setup: &&Setup| {
+        only.as_ref()
+            .is_none_or(|names| names.split(';').any(|n| n == setup.name))
+    };
     let results: Vec<Value> = SETUPS
         .iter()
+        .filter(chosen)
         .map(|setup| {
             eprintln!("kafka_latency: measuring `{}` …", setup.name);
-            measure(&address, setup, &messages)
+            // A fresh broker each: an in-memory broker slows as it holds
+            // more, so a shared one would handicap the later setups.
+            let broker = Broker::start();
+            measure(&broker.address(), setup, &messages)
         })
         .collect();
-    drop(broker);
 
-    println!("\nKafka round trip of `dualgp serve` at {RATE} records/s for {MEASURE:?} (2 workers, d = {D}):\n");
+    println!(
+        "\nKafka round trip of `dualgp serve` at {RATE} records/s for {:?} (2 workers, d = {D}):\n",
+        measured_span()
+    );
     println!("| config | flags | measured | lost | p50 ms | p90 ms | p99 ms | max ms | p50 first → last s, ms | produced/s | predictions/s | drain s |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &results {
@@ -647,7 +680,7 @@ fn main() {
 
     let json = json!({
         "rate_per_s": RATE,
-        "measure_s": MEASURE.as_secs_f64(),
+        "measure_s": measured_span().as_secs_f64(),
         "warmup_records": WARMUP,
         "features": D,
         "input_partitions": PARTITIONS,

@@ -24,8 +24,18 @@ use crate::protocol::Standardizer;
 pub(crate) struct Start {
     pub learner: SequentialLearner,
     pub options: GpOptions,
-    /// Epochs read ahead of the sinks at most.
+    /// Epochs read ahead of the sinks at most, and so the most one update learns.
     pub epochs_in_flight: u64,
+}
+
+impl Start {
+    /// The operator's options: one update learns every epoch in flight.
+    fn gp_options(&self) -> GpOptions {
+        GpOptions {
+            max_epochs_per_update: usize::try_from(self.epochs_in_flight).unwrap_or(usize::MAX),
+            ..self.options
+        }
+    }
 }
 
 /// A command's own ends of the pipeline on one worker: where its records
@@ -65,7 +75,7 @@ pub(crate) fn run_worker<E: Ends>(worker: &mut Worker, start: &Start, ends: &mut
     worker.dataflow::<u64, _, _>(|scope| {
         let gp = scope
             .input_from(&mut records)
-            .learn_gp_with(None, start.learner.clone(), start.options);
+            .learn_gp_with(None, start.learner.clone(), start.gp_options());
         ends.wire(scope, gp, &probe);
     });
     while let Some(epoch) = ends.read(worker, &mut records) {
