@@ -390,7 +390,7 @@ impl KafkaSource {
         let mut list = TopicPartitionList::new();
         for (&p, &o) in &position.offsets {
             list.add_partition_offset(&position.topic, p, offset(o))
-                .map_err(self.config.connection.operation("committing offsets"))?;
+                .map_err(self.config.connection.operation(format!("listing offsets of `{}`", position.topic)))?;
         }
         Ok(list)
     }
