@@ -11,6 +11,9 @@
 //! against it). Reading never pauses: the learner falls behind as far as it
 //! must, and the staleness of the scoring models says how far.
 //!
+//! The learner runs on threads beside the workers', first at their priority,
+//! then in the background (`GpOptions::learn_in_background`, what serve does:
+//! it runs only on a core nothing else wants).
 //! Writes `target/bench-scoring-latency.json` and prints a table. Run:
 //!
 //! ```text
@@ -73,8 +76,9 @@ struct Seen {
     updates: usize,
 }
 
-/// Streams `records` through the operator on [`WORKERS`] workers.
-fn run(records: &Arc<Vec<Record>>) -> Vec<Seen> {
+/// Streams `records` through the operator on [`WORKERS`] workers, learning
+/// in the `background` or not.
+fn run(records: &Arc<Vec<Record>>, background: bool) -> Vec<Seen> {
     let records = Arc::clone(records);
     let start = Instant::now() + Duration::from_millis(100);
     let guards = timely::execute(timely::Config::process(WORKERS), move |worker| {
@@ -87,6 +91,7 @@ fn run(records: &Arc<Vec<Record>>) -> Vec<Seen> {
             let options = GpOptions {
                 scoring: Scoring::OnArrival,
                 max_epochs_per_update: MOST_EPOCHS_PER_UPDATE,
+                learn_in_background: background,
                 ..GpOptions::new(D)
             };
             let gp = scope
@@ -158,32 +163,42 @@ fn main() {
     }
     let n = (RATE * seconds()) as usize;
     let records = Arc::new(stream(n));
-    let seen = run(&records);
-    assert_eq!(
-        seen.iter().map(|s| s.scored.len()).sum::<usize>(),
-        n,
-        "every record scored once"
-    );
-    let row = summary(&seen);
+    let rows: Vec<(&str, Value)> = [("at the workers' priority", false), ("in the background", true)]
+        .into_iter()
+        .map(|(name, background)| {
+            eprintln!("scoring_latency: learning {name} …");
+            let seen = run(&records, background);
+            assert_eq!(
+                seen.iter().map(|s| s.scored.len()).sum::<usize>(),
+                n,
+                "every record scored once"
+            );
+            (name, summary(&seen))
+        })
+        .collect();
     println!(
         "\nScoring on arrival inside the dataflow, {RATE} records/s for {} s, {WORKERS} workers, d = {D}, m = 100:\n",
         seconds()
     );
-    println!("| predictions | updates | p50 µs | p90 µs | p99 µs | max µs | staleness mean / max (epochs) |");
-    println!("|---|---|---|---|---|---|---|");
-    let l = &row["latency_us"];
-    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
-        "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} / {} |",
-        row["predictions"],
-        row["updates"],
-        f(&l["p50"]),
-        f(&l["p90"]),
-        f(&l["p99"]),
-        f(&l["max"]),
-        f(&row["staleness_epochs"]["mean"]),
-        row["staleness_epochs"]["max"],
+        "| learning | predictions | updates | p50 µs | p90 µs | p99 µs | max µs | staleness mean / max (epochs) |"
     );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, row) in &rows {
+        let l = &row["latency_us"];
+        let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {name} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} / {} |",
+            row["predictions"],
+            row["updates"],
+            f(&l["p50"]),
+            f(&l["p90"]),
+            f(&l["p99"]),
+            f(&l["max"]),
+            f(&row["staleness_epochs"]["mean"]),
+            row["staleness_epochs"]["max"],
+        );
+    }
     let json = json!({
         "rate_per_s": RATE,
         "seconds": seconds(),
@@ -191,7 +206,8 @@ fn main() {
         "features": D,
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
-        "scoring": row,
+        "foreground": rows[0].1,
+        "background": rows[1].1,
     });
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-scoring-latency.json");
     std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();

@@ -237,3 +237,117 @@ fn on_arrival_records_are_scored_while_an_update_runs() {
         assert!(seen.predictions.iter().all(|p| p.model_epoch.is_none()));
     });
 }
+
+/// The scheduling policy in a `/proc/…/stat` line: after "pid (comm) ", the
+/// fields from the state on; the policy is the 41st field (5: `SCHED_IDLE`).
+#[cfg(target_os = "linux")]
+fn policy_in(stat: &str) -> Option<u32> {
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(38)?.parse().ok()
+}
+
+/// The name and scheduling policy of each of this process's threads whose
+/// name starts with `prefix`.
+#[cfg(target_os = "linux")]
+fn threads_named(prefix: &str) -> Vec<(String, u32)> {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc lists this process's threads");
+    tasks
+        .filter_map(|task| {
+            let dir = task.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
+            let policy = policy_in(&std::fs::read_to_string(dir.join("stat")).ok()?)?;
+            name.starts_with(prefix).then_some((name, policy))
+        })
+        .collect()
+}
+
+#[cfg(target_os = "linux")]
+const SCHED_IDLE: u32 = 5;
+
+/// The learning threads (name, scheduling policy) while an update runs,
+/// learning in the `background` or not, and the worker's own policy.
+#[cfg(target_os = "linux")]
+fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, Option<u32>) {
+    let slow = || {
+        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7]);
+        let config = SequentialConfig {
+            inducing: 40,
+            m_steps: 200,
+            m_tolerance: 0.0,
+            ..SequentialConfig::default()
+        };
+        SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
+    };
+    let seen = timely::execute_directly(move |worker| {
+        let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
+        worker.dataflow::<u64, _, _>(|scope| {
+            let options = GpOptions {
+                scoring: Scoring::OnArrival,
+                learn_in_background: background,
+                ..GpOptions::new(1)
+            };
+            let gp = scope.input_from(&mut input).learn_gp_with(None, slow(), options);
+            gp.updates.probe_with(&probe);
+        });
+        input.send_batch(&mut records(0..1000, true));
+        input.advance_to(1);
+        for _ in 0..STEPS {
+            worker.step();
+        }
+        assert!(probe.less_equal(&0), "epoch 0's update is under way");
+        // A new thread carries its creator's name and policy until it first
+        // runs, which on a loaded machine can take a while: wait, bounded.
+        let settled = |threads: &[(String, u32)]| {
+            let names: Vec<&str> = threads.iter().map(|(name, _)| name.as_str()).collect();
+            names.contains(&"dualgp-learner")
+                && names.iter().any(|n| n.starts_with("dualgp-shard"))
+                && (!background || threads.iter().all(|(_, policy)| *policy == SCHED_IDLE))
+        };
+        let mut learning = threads_named("dualgp-");
+        for _ in 0..1000 {
+            if settled(&learning) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            learning = threads_named("dualgp-");
+        }
+        let own = std::fs::read_to_string("/proc/thread-self/stat").ok();
+        drop(input);
+        // Parked, not spinning: a spinning worker would leave a background learner nothing.
+        while worker.step_or_park(None) {}
+        (learning, own.as_deref().and_then(policy_in))
+    });
+    // The threads end once their operators are gone; wait for it (bounded),
+    // so that the next call sees only its own.
+    for _ in 0..1000 {
+        if threads_named("dualgp-").is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    seen
+}
+
+/// Learning in the background, the learner's threads (the reducing worker's
+/// and the shard's) run only on cores nothing else wants, and the worker's
+/// own thread keeps its policy, so that a woken worker takes a core at once
+/// to read and score. Otherwise they all run under the worker's policy.
+#[cfg(target_os = "linux")]
+#[test]
+fn learning_in_the_background_yields_the_cores_to_scoring() {
+    let (learning, own) = learning_threads_during_an_update(true);
+    let names: Vec<&str> = learning.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(names.contains(&"dualgp-learner"), "threads: {names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with("dualgp-shard")),
+        "threads: {names:?}"
+    );
+    assert!(learning.iter().all(|(_, policy)| *policy == SCHED_IDLE), "{learning:?}");
+    assert_ne!(own, Some(SCHED_IDLE), "the worker's thread keeps its policy");
+
+    let (learning, own) = learning_threads_during_an_update(false);
+    assert!(learning.len() >= 2, "{learning:?}");
+    assert!(
+        learning.iter().all(|(_, policy)| Some(*policy) == own),
+        "{learning:?} against {own:?}"
+    );
+}

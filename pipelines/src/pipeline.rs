@@ -31,11 +31,15 @@ pub struct PipelineConfig {
     #[serde(default = "one")]
     pub workers: usize,
     /// Epochs read ahead of the learner at most (default: as `replay` for
-    /// Parquet, 2; as `serve` for Kafka, 16).
+    /// Parquet, 2; as `serve` for Kafka, 64).
     #[serde(default)]
     pub epochs_in_flight: Option<u64>,
     /// prequential | on-arrival (default: prequential for Parquet, on-arrival for Kafka).
     pub scoring: Option<Scoring>,
+    /// Kafka, scoring on arrival: the learner takes only idle cores (as
+    /// `serve --learn-in-background`, default true).
+    #[serde(default)]
+    pub learn_in_background: Option<bool>,
     pub source: Source,
     #[serde(default)]
     pub model: ModelArgs,
@@ -187,6 +191,7 @@ impl PipelineConfig {
                     broker_timeout: *broker_timeout,
                     epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::serve::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::OnArrival),
+                    learn_in_background: self.learn_in_background.unwrap_or(true),
                     metrics_port: *metrics_port,
                     metrics_host: std::net::IpAddr::from([127, 0, 0, 1]),
                 })

@@ -115,6 +115,12 @@ pub struct ServeArgs {
     /// worker holds; prequential: once every earlier epoch is learned.
     #[arg(long, default_value_t = Scoring::OnArrival)]
     pub scoring: Scoring,
+    /// Scoring on arrival, the learner's threads run only on cores nothing
+    /// else wants (Linux's SCHED_IDLE), so a record never waits for a core.
+    /// `false` on a machine shared with other busy work, where such a
+    /// learner would barely learn.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub learn_in_background: bool,
     /// Serve Prometheus metrics over HTTP on this port.
     #[arg(long)]
     pub metrics_port: Option<u16>,
@@ -218,6 +224,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let plan = Plan {
         config,
         scoring: args.scoring,
+        learn_in_background: args.learn_in_background && args.scoring == Scoring::OnArrival,
         predict_all_outputs: args.predict_all_outputs,
         epochs_in_flight: args.epochs_in_flight,
         workers: args.workers,
@@ -256,6 +263,7 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Plan {
     config: KafkaSourceConfig,
     scoring: Scoring,
+    learn_in_background: bool,
     predict_all_outputs: bool,
     epochs_in_flight: u64,
     /// Workers in this process.
@@ -297,6 +305,8 @@ fn serve_worker(worker: &mut Worker, plan: &Plan) -> WorkerOutcome {
             scoring: plan.scoring,
             learned_through: opening.learned_through,
             predict_all_outputs: plan.predict_all_outputs,
+            // serve's workers park when idle, as a background learner needs.
+            learn_in_background: plan.learn_in_background,
             ..GpOptions::new(d)
         },
         learner: opening.learner,

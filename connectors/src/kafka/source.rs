@@ -389,8 +389,11 @@ impl KafkaSource {
     ) -> Result<TopicPartitionList, KafkaError> {
         let mut list = TopicPartitionList::new();
         for (&p, &o) in &position.offsets {
-            list.add_partition_offset(&position.topic, p, offset(o))
-                .map_err(self.config.connection.operation(format!("listing offsets of `{}`", position.topic)))?;
+            list.add_partition_offset(&position.topic, p, offset(o)).map_err(
+                self.config
+                    .connection
+                    .operation(format!("listing offsets of `{}`", position.topic)),
+            )?;
         }
         Ok(list)
     }

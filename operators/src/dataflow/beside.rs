@@ -4,12 +4,28 @@
 //! records read meanwhile are scored at once instead of after that work.
 //! Jobs run one at a time in the order sent, and each result wakes the
 //! operator that sent the job: the arithmetic, and so every result, is the
-//! same as on the timely thread.
+//! same as on the timely thread. In the background the thread runs only on
+//! a core nothing else wants, so scoring waits for neither the learner's
+//! work nor its turn on a core.
 
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::thread;
 
 use timely::scheduling::SyncActivator;
+
+/// Makes the calling thread one the kernel runs only when nothing else
+/// wants its core (`SCHED_IDLE`): a woken timely thread takes the core at
+/// once, where under a normal policy, nice 19 included, it may wait out the
+/// learner's time slice. Elsewhere than Linux learning keeps its priority.
+fn yield_to_scoring() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: the parameter outlives the call; 0 names the calling thread, and
+    // a refusal leaves its policy as it was.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+    }
+}
 
 /// The operator's end: jobs out, results back.
 pub(super) struct Beside<J, R> {
@@ -50,9 +66,14 @@ pub(super) enum Polled<R> {
 }
 
 impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
-    /// Starts a thread named `name` that runs `body` until the operator drops
-    /// this end; results wake `wake`'s operator.
-    pub fn spawn(name: String, wake: SyncActivator, body: impl FnOnce(Jobs<J>, Results<R>) + Send + 'static) -> Self {
+    /// Starts a thread named `name` (in the `background` if asked) that runs
+    /// `body` until the operator drops this end; results wake `wake`'s operator.
+    pub fn spawn(
+        name: String,
+        background: bool,
+        wake: SyncActivator,
+        body: impl FnOnce(Jobs<J>, Results<R>) + Send + 'static,
+    ) -> Self {
         let (jobs, job_end) = channel();
         let (result_end, results) = channel();
         let results_end = Results {
@@ -61,7 +82,12 @@ impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
         };
         thread::Builder::new()
             .name(name)
-            .spawn(move || body(Jobs(job_end), results_end))
+            .spawn(move || {
+                if background {
+                    yield_to_scoring();
+                }
+                body(Jobs(job_end), results_end)
+            })
             .expect("the operating system refused a learning thread");
         Beside { jobs, results }
     }

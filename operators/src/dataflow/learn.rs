@@ -89,8 +89,8 @@ impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
                 StageOutput::Rejected(r) => Err(r),
                 StageOutput::Answer { .. } => unreachable!("split off above"),
             });
-            let (queries, updates) = reduce_stage(answers, learner, options.max_epochs_per_update)
-                .ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
+            let (queries, updates) =
+                reduce_stage(answers, learner, options).ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
                     ReduceOutput::Query(q) => Ok(*q),
                     ReduceOutput::Update(u) => Err(u),
                 });

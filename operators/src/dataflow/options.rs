@@ -57,6 +57,12 @@ pub struct GpOptions {
     /// A multi-output model's predictions also carry every output's
     /// predictive, not only that of the output the record observes.
     pub predict_all_outputs: bool,
+    /// The learner's threads run only when the cores have nothing else to
+    /// do (`SCHED_IDLE` on Linux), so a record that arrives while the
+    /// learner computes is scored at once: for serving. The workers must
+    /// then park when idle (`step_or_park`): a worker that spins on `step`
+    /// keeps its core busy and leaves a background learner almost nothing.
+    pub learn_in_background: bool,
 }
 
 impl GpOptions {
@@ -68,6 +74,7 @@ impl GpOptions {
             learned_through: None,
             max_epochs_per_update: 16,
             predict_all_outputs: false,
+            learn_in_background: false,
         }
     }
 }

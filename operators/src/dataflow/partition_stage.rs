@@ -169,6 +169,7 @@ pub(super) fn partition_stage<'scope>(
         scoring,
         learned_through,
         predict_all_outputs,
+        learn_in_background,
         ..
     } = options;
     let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
@@ -196,7 +197,7 @@ pub(super) fn partition_stage<'scope>(
         let mut answering: Option<Capability<Round>> = None;
         let mut shard_epoch: Option<u64> = None;
         let wake = scope.worker().sync_activator_for(info.address.to_vec());
-        let shard_thread = Beside::spawn(format!("dualgp-shard-{worker}"), wake, answer_jobs);
+        let shard_thread = Beside::spawn(format!("dualgp-shard-{worker}"), learn_in_background, wake, answer_jobs);
 
         move |(records, record_frontier), (queries, query_frontier), output| {
             queries.for_each_stamp(|cap, data| {

@@ -23,7 +23,7 @@ use timely::dataflow::StreamVec;
 
 use super::beside::{Beside, Jobs, Polled, Results};
 use super::health::{panic_message, unusable};
-use super::options::Round;
+use super::options::{GpOptions, Round};
 use crate::model::{Answer, Query, SequentialLearner, Shards, UpdateReport};
 
 /// The learner after an epoch's update: the new model and a checkpointable state.
@@ -169,12 +169,12 @@ struct Running {
     waiting: Option<Capability<Round>>,
 }
 
-/// `max_epochs`: the most epochs one update learns.
 pub(super) fn reduce_stage<'scope>(
     answers: StreamVec<'scope, Round, (usize, WorkerAnswer)>,
     learner: SequentialLearner,
-    max_epochs: usize,
+    options: GpOptions,
 ) -> StreamVec<'scope, Round, ReduceOutput> {
+    let max_epochs = options.max_epochs_per_update;
     let scope = answers.scope();
     let reducer = scope.index() == 0;
     let peers = scope.peers();
@@ -185,7 +185,7 @@ pub(super) fn reduce_stage<'scope>(
             let mut learner = reducer.then_some(learner);
             let learner_thread = reducer.then(|| {
                 let wake = scope.worker().sync_activator_for(info.address.to_vec());
-                Beside::spawn("dualgp-learner".into(), wake, run_updates)
+                Beside::spawn("dualgp-learner".into(), options.learn_in_background, wake, run_updates)
             });
             let mut running: Option<Running> = None;
             let mut stash: BTreeMap<Round, Answers> = BTreeMap::new();
