@@ -29,6 +29,18 @@ fn learner() -> SequentialLearner {
     SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
 }
 
+/// A learner whose update of a thousand points is slow: an M-step that never stops early.
+fn slow_learner() -> SequentialLearner {
+    let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7]);
+    let config = SequentialConfig {
+        inducing: 40,
+        m_steps: 200,
+        m_tolerance: 0.0,
+        ..SequentialConfig::default()
+    };
+    SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
+}
+
 /// Records `ids` on a line, labelled or not.
 fn records(ids: std::ops::Range<i64>, labelled: bool) -> Vec<Record> {
     ids.map(|i| {
@@ -194,21 +206,17 @@ fn on_arrival_learns_the_epochs_that_closed_meanwhile_in_one_update() {
 /// scoring ten records.)
 #[test]
 fn on_arrival_records_are_scored_while_an_update_runs() {
-    let slow = || {
-        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7]);
-        let config = SequentialConfig {
-            inducing: 40,
-            m_steps: 200,
-            m_tolerance: 0.0,
-            ..SequentialConfig::default()
-        };
-        SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
-    };
     timely::execute_directly(move |worker| {
         let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
         let seen = Rc::new(RefCell::new(Seen::default()));
         worker.dataflow::<u64, _, _>(|scope| {
-            learn_and_watch(scope.input_from(&mut input), slow(), Scoring::OnArrival, &seen, &probe);
+            learn_and_watch(
+                scope.input_from(&mut input),
+                slow_learner(),
+                Scoring::OnArrival,
+                &seen,
+                &probe,
+            );
         });
         input.send_batch(&mut records(0..1000, true));
         input.advance_to(1);
@@ -267,16 +275,6 @@ const SCHED_IDLE: u32 = 5;
 /// learning in the `background` or not, and the worker's own policy.
 #[cfg(target_os = "linux")]
 fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, Option<u32>) {
-    let slow = || {
-        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.7]);
-        let config = SequentialConfig {
-            inducing: 40,
-            m_steps: 200,
-            m_tolerance: 0.0,
-            ..SequentialConfig::default()
-        };
-        SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
-    };
     let seen = timely::execute_directly(move |worker| {
         let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
         worker.dataflow::<u64, _, _>(|scope| {
@@ -285,7 +283,9 @@ fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, O
                 learn_in_background: background,
                 ..GpOptions::new(1)
             };
-            let gp = scope.input_from(&mut input).learn_gp_with(None, slow(), options);
+            let gp = scope
+                .input_from(&mut input)
+                .learn_gp_with(None, slow_learner(), options);
             gp.updates.probe_with(&probe);
         });
         input.send_batch(&mut records(0..1000, true));

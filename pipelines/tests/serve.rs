@@ -228,6 +228,19 @@ fn an_unreachable_broker_is_one_line_within_the_timeout() {
     assert!(stderr.contains(&address), "{stderr}");
 }
 
+/// No epoch in flight would leave nothing to learn: refused before any broker is asked.
+#[test]
+fn no_epochs_in_flight_is_refused_with_the_flag_named() {
+    let address = format!("127.0.0.1:{}", free_port());
+    let out = serve_command(&address, "in", "out")
+        .args(["--likelihood", "gaussian", "--epochs-in-flight", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--epochs-in-flight 0"), "{stderr}");
+}
+
 #[test]
 fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     let broker = Broker::start();
