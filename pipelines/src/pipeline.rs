@@ -37,7 +37,7 @@ pub struct PipelineConfig {
     /// prequential | on-arrival (default: prequential for Parquet, on-arrival for Kafka).
     pub scoring: Option<Scoring>,
     /// Kafka, scoring on arrival: the learner takes only idle cores (as
-    /// `serve --learn-in-background`, default true).
+    /// `serve --learn-in-background`, default false).
     #[serde(default)]
     pub learn_in_background: Option<bool>,
     pub source: Source,
@@ -191,7 +191,7 @@ impl PipelineConfig {
                     broker_timeout: *broker_timeout,
                     epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::serve::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::OnArrival),
-                    learn_in_background: self.learn_in_background.unwrap_or(true),
+                    learn_in_background: self.learn_in_background.unwrap_or(false),
                     metrics_port: *metrics_port,
                     metrics_host: std::net::IpAddr::from([127, 0, 0, 1]),
                 })

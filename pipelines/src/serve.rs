@@ -116,10 +116,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Scoring::OnArrival)]
     pub scoring: Scoring,
     /// Scoring on arrival, the learner's threads run only on cores nothing
-    /// else wants (Linux's SCHED_IDLE), so a record never waits for a core.
-    /// `false` on a machine shared with other busy work, where such a
-    /// learner would barely learn.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// else wants (Linux's SCHED_IDLE), so a record never waits for a core;
+    /// for a machine with cores to spare. Where the cores are busy (a broker
+    /// beside serve) such a learner falls behind until reading waits for it.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub learn_in_background: bool,
     /// Serve Prometheus metrics over HTTP on this port.
     #[arg(long)]
