@@ -136,7 +136,7 @@ const SETUPS: &[Setup] = &[
         serve: None,
     },
     // The default schedule (a re-learning L-BFGS M-step that moves the
-    // inducing inputs; up to 64 epochs in flight, as many as one update learns).
+    // inducing inputs; up to 16 epochs in flight, as many as one update learns).
     Setup {
         name: "default",
         serve: Some(ServeFlags {
@@ -145,10 +145,10 @@ const SETUPS: &[Setup] = &[
         }),
     },
     Setup {
-        name: "default, 16 in flight",
+        name: "default, 64 in flight",
         serve: Some(ServeFlags {
             scoring: "on-arrival",
-            model_flags: &["--inducing", "100", "--epochs-in-flight", "16"],
+            model_flags: &["--inducing", "100", "--epochs-in-flight", "64"],
         }),
     },
     // Reading waits once the learner is 2 epochs behind (replay's default).

@@ -31,7 +31,7 @@ pub struct PipelineConfig {
     #[serde(default = "one")]
     pub workers: usize,
     /// Epochs read ahead of the learner at most (default: as `replay` for
-    /// Parquet, 2; as `serve` for Kafka, 64).
+    /// Parquet, 2; as `serve` for Kafka, 16).
     #[serde(default)]
     pub epochs_in_flight: Option<u64>,
     /// prequential | on-arrival (default: prequential for Parquet, on-arrival for Kafka).

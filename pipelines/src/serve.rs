@@ -53,11 +53,11 @@ use kafka_ends::{Equipment, KafkaEnds, Serving, WorkerOutcome};
 use opening::{share_opening, Opening, Word};
 
 /// `--epochs-in-flight`'s default. One update learns every epoch in flight,
-/// so a learner that falls behind catches up in fewer, larger updates (at
-/// 10 000 records/s, 64 gave the default model a lower p99 than 16 in each
-/// of three paired runs; README, Performance); what waits is at most 64
-/// epochs of records.
-pub const EPOCHS_IN_FLIGHT: u64 = 64;
+/// so a learner that falls behind catches up in fewer, larger updates. (64
+/// gave a lower p99 than 16 over 10 and 20 s at 10 000 records/s, a higher
+/// one over 60 s: README, Performance; 16 bounds the lag and the state
+/// more tightly.)
+pub const EPOCHS_IN_FLIGHT: u64 = 16;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
