@@ -271,14 +271,19 @@ impl Trainer<'_> {
             memory_weight: 1.0,
             with_z,
         };
-        self.shard.answer(Query::Focus { blocks: points });
+        let sample = points != Blocks::ALL;
+        if sample {
+            self.shard.answer(Query::Focus { blocks: points });
+        }
         let answer = self.shard.answer(query);
-        self.shard.answer(Query::Focus { blocks: Blocks::ALL });
+        if sample {
+            self.shard.answer(Query::Focus { blocks: Blocks::ALL });
+        }
         let mut terms = match answer {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        if points != Blocks::ALL {
+        if sample {
             let held = (0..self.n).filter(|&id| points.contains(route(id))).count();
             terms.scale(self.n as f64 / held as f64);
         }
