@@ -6,6 +6,9 @@
 //!     banana/ORDER/METHOD.json             train/test files
 //!
 //! Usage: results_table RESULTS_DIR OUT.md COMMAND DATE
+//!
+//! Only the tables above [`BY_HAND`] are written: what OUT.md holds from
+//! that line on (the sessions' own sections) is kept as it is.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -17,6 +20,9 @@ use serde_json::Value;
 const DATASETS: [&str; 4] = ["bank", "mammographic", "elevators", "bike"];
 const ORDERS: [&str; 2] = ["shuffle-0", "sorted-x0"];
 const METHODS: [&str; 3] = ["dual-memory", "osgpr", "offline"];
+
+/// The line from which OUT.md is written by hand.
+const BY_HAND: &str = "<!-- Written by hand from here on: results_table keeps it. -->";
 
 /// Paper Table 1 (test NLPD, 10-fold mean): its method, Bui et al., offline.
 fn paper(data: &str) -> &'static str {
@@ -263,6 +269,11 @@ fn run() -> Result<()> {
     main_tables(results, &mut out)?;
     ablation_table(results, &mut out)?;
     banana_table(results, &mut out)?;
+    let old = std::fs::read_to_string(out_path).unwrap_or_default();
+    if let Some(at) = old.find(BY_HAND) {
+        out.push('\n');
+        out.push_str(&old[at..]);
+    }
     std::fs::write(out_path, out).with_context(|| format!("cannot write {out_path}"))?;
     Ok(())
 }

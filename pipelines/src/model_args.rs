@@ -230,7 +230,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub m_optimizer: Option<OptimizerName>,
     /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100;
-    /// var-gp: L-BFGS iterations fitting θ on the first task, default 0: θ stays the starting kernel's).
+    /// var-gp: L-BFGS iterations fitting θ on the first task, default 0: θ stays the starting kernel's;
+    /// offline: L-BFGS iterations of the whole fit, default 120).
     #[arg(long)]
     pub m_steps: Option<usize>,
     /// Adam's learning rate.
@@ -281,6 +282,8 @@ pub struct Settings {
     /// `--method var-gp`: `--inducing` a task, `--e-steps`/`--e-lr` each
     /// task's E-step, `--m-steps`/`--m-rounds` the first task's fit of `θ`.
     pub var_gp: VarGpConfig,
+    /// `--method offline`: `--m-steps` are the fit's L-BFGS iterations.
+    pub offline: OfflineConfig,
     /// The reference keeps `Z` at the first `m` train rows.
     pub z_first_rows: bool,
     /// The stationary part's starting variance and lengthscale; `None`:
@@ -361,6 +364,7 @@ impl ModelArgs {
                 },
                 osgpr: OsgprConfig::default(),
                 var_gp: VarGpConfig::default(),
+                offline: OfflineConfig::default(),
                 z_first_rows: true,
                 kernel_variance: 1.0,
                 lengthscale: Some(1.0),
@@ -408,6 +412,7 @@ impl ModelArgs {
                 },
                 osgpr: OsgprConfig::default(),
                 var_gp: VarGpConfig::default(),
+                offline: OfflineConfig::default(),
                 z_first_rows: false,
                 kernel_variance: 1.0,
                 lengthscale: None,
@@ -546,6 +551,9 @@ impl ModelArgs {
         q.validate()
             .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
         s.osgpr = self.osgpr_config(&s.sequential)?;
+        if let Some(n) = self.m_steps {
+            s.offline.m_steps = n;
+        }
         s.var_gp = self.var_gp_config(&s.sequential)?;
         Ok(s)
     }
@@ -683,7 +691,7 @@ impl Settings {
         let config = OfflineConfig {
             pivot: self.sequential.pivot,
             threads,
-            ..OfflineConfig::default()
+            ..self.offline.clone()
         };
         Ok(fit_offline(
             kernel,

@@ -60,9 +60,12 @@ fn one_thread() -> usize {
 impl Default for OfflineConfig {
     fn default() -> Self {
         OfflineConfig {
-            rounds: 3,
+            // One round: every evaluation of L-BFGS's profile runs the E-steps
+            // itself, so a second round only restarts the search without its
+            // curvature (docs/RESULTS.md, session 27).
+            rounds: 1,
             e_step: EStepConfig { steps: 5, rho: 0.9 },
-            m_steps: 40,
+            m_steps: 120,
             optimizer: Optimizer::Lbfgs { history: 10 },
             minibatch: None,
             inducing: InducingUpdate::Optimized,
@@ -233,6 +236,7 @@ impl Trainer<'_> {
                         trainer.refit()?;
                         trainer.e_step()?;
                         let o = trainer.objective(Blocks::ALL, with_z)?;
+                        tracing::trace!(evaluation = evaluations, objective = o.value, "offline profile");
                         Ok((o.value, o.stacked_grad()))
                     };
                     search.tell(profile(self))?;
