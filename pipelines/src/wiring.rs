@@ -120,11 +120,9 @@ pub(crate) fn fresh_learner(
     scaling: &Standardizer,
 ) -> Result<SequentialLearner> {
     let d = scaling.x_mean.len();
-    let learner = SequentialLearner::new(
-        settings.kernel(d),
-        settings.likelihood(likelihood),
-        settings.sequential.clone(),
-    )?;
+    let likelihood = settings.likelihood(likelihood);
+    let config = settings.sequential_for(&likelihood);
+    let learner = SequentialLearner::new(settings.kernel(d), likelihood, config)?;
     if !settings.z_first_rows || rows.is_empty() {
         return Ok(learner);
     }
