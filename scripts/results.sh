@@ -70,7 +70,7 @@ for data in $DATASETS; do
   if [[ $ABLATION == 1 && ($data == bike || $data == bank) ]]; then
     for fold in $FOLDS; do
       # VARIANT=FLAG=VALUE: one flag changed from the defaults.
-      for variant in memory-random=memory-policy=random memory-none=memory-policy=none \
+      for variant in memory-bls=memory-policy=bls memory-none=memory-policy=none \
         inducing-fixed=inducing-policy=fixed past-scaled-memory=m-past=scaled-memory; do
         IFS== read -r name flag value <<<"$variant"
         plan "$OUT/ablation/$data/$name/fold$fold.json" --data "$DATA/$data.parquet" --fold "$fold" \
