@@ -138,6 +138,7 @@ pub fn fit_offline(
             m_seconds = started.elapsed().as_secs_f64() - e_seconds,
             evaluations,
             objective = value,
+            log_theta = ?trainer.params(false).as_slice(),
             "offline round"
         );
         objective.push(value);
