@@ -353,7 +353,7 @@ pub const M_SAMPLE_BOUND: usize = 4000;
 /// re-learned by E-steps) and an evaluation costs no E-step, so the search
 /// goes on where a non-conjugate one stops at gains of a tenth of a nat:
 /// elevators' test NLPD 0.474 → 0.445 (`sorted:x0`) and 0.462 → 0.440
-/// (shuffled), kin40k 0.58 → 0.545, at twice the M-step's time
+/// (shuffled), kin40k 0.587 → 0.562, at twice the M-step's time
 /// (docs/RESULTS.md, session 27).
 const CONJUGATE_M_STEPS: usize = 60;
 
@@ -574,7 +574,7 @@ impl ModelArgs {
             (MemoryPolicyName::Bls, None) => MemoryPolicy::PerBatch { k, capacity },
         };
         q.validate()
-            .map_err(|e| anyhow::anyhow!("{e}; change --e-lr or --m-lr"))?;
+            .map_err(|e| anyhow::anyhow!("{e}; change --e-lr, --m-lr or --m-tolerance"))?;
         s.osgpr = self.osgpr_config(&s.sequential)?;
         if let Some(n) = self.m_steps {
             s.offline.m_steps = n;
@@ -890,6 +890,12 @@ mod tests {
         assert_eq!(m_step(&["--m-steps", "0"], &gaussian).0, 0);
         let reference = settings(&["--preset", "reference"]);
         assert_eq!(reference.sequential_for(&gaussian), reference.sequential);
+        let cli = Cli::try_parse_from(["dualgp", "--m-tolerance=-1"]).expect("flags parse");
+        let refused = cli.model.settings().expect_err("a negative tolerance").to_string();
+        assert!(
+            refused.contains("tolerance -1") && refused.contains("--m-tolerance"),
+            "{refused}"
+        );
     }
 
     #[test]
