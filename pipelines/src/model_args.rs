@@ -496,13 +496,12 @@ impl ModelArgs {
         }
         if let Some(n) = self.m_steps {
             q.m_steps = n;
+            s.offline.m_steps = n;
         }
         if let Some(tolerance) = self.m_tolerance {
             q.m_tolerance = tolerance;
         }
-        if self.m_steps.is_some() || self.m_tolerance.is_some() {
-            s.conjugate_m_step = false;
-        }
+        s.conjugate_m_step &= self.m_steps.is_none() && self.m_tolerance.is_none();
         q.optimizer = match (self.m_optimizer, self.m_lr, q.optimizer) {
             (Some(OptimizerName::Lbfgs), Some(_), _) => bail!("--m-lr is Adam's: drop it or use --m-optimizer adam"),
             (Some(OptimizerName::Lbfgs), None, _) => Optimizer::Lbfgs { history: LBFGS_HISTORY },
@@ -576,9 +575,6 @@ impl ModelArgs {
         q.validate()
             .map_err(|e| anyhow::anyhow!("{e}; change --e-lr, --m-lr or --m-tolerance"))?;
         s.osgpr = self.osgpr_config(&s.sequential)?;
-        if let Some(n) = self.m_steps {
-            s.offline.m_steps = n;
-        }
         s.var_gp = self.var_gp_config(&s.sequential)?;
         Ok(s)
     }
@@ -886,6 +882,12 @@ mod tests {
         assert_eq!(m_step(&[], &bernoulli), noisy);
         assert_eq!(m_step(&[], &gaussian), (CONJUGATE_M_STEPS, 0.0));
         assert_eq!(m_step(&["--m-steps", "7"], &gaussian), (7, noisy.1));
+        assert_eq!(
+            settings(&["--m-steps", "7"]).offline.m_steps,
+            7,
+            "offline's iterations too"
+        );
+        assert_eq!(settings(&[]).offline, OfflineConfig::default());
         assert_eq!(m_step(&["--m-tolerance", "0.5"], &gaussian), (noisy.0, 0.5));
         assert_eq!(m_step(&["--m-steps", "0"], &gaussian).0, 0);
         let reference = settings(&["--preset", "reference"]);

@@ -214,16 +214,22 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     );
 }
 
-#[test]
-fn an_unreachable_broker_is_one_line_within_the_timeout() {
-    let port = free_port();
-    let address = format!("127.0.0.1:{port}");
-    let out = serve_command(&address, "in", "out")
-        .args(["--likelihood", "gaussian", "--broker-timeout", "3"])
+/// Serve with `flags` against `address`, where no broker listens: it must
+/// fail; its standard error.
+fn refused(address: &str, flags: &[&str]) -> String {
+    let out = serve_command(address, "in", "out")
+        .args(["--likelihood", "gaussian"])
+        .args(flags)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_unreachable_broker_is_one_line_within_the_timeout() {
+    let address = format!("127.0.0.1:{}", free_port());
+    let stderr = refused(&address, &["--broker-timeout", "3"]);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains(&address), "{stderr}");
 }
@@ -231,13 +237,7 @@ fn an_unreachable_broker_is_one_line_within_the_timeout() {
 /// No epoch in flight would leave nothing to learn: refused before any broker is asked.
 #[test]
 fn no_epochs_in_flight_is_refused_with_the_flag_named() {
-    let address = format!("127.0.0.1:{}", free_port());
-    let out = serve_command(&address, "in", "out")
-        .args(["--likelihood", "gaussian", "--epochs-in-flight", "0"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = refused(&format!("127.0.0.1:{}", free_port()), &["--epochs-in-flight", "0"]);
     assert!(stderr.contains("--epochs-in-flight 0"), "{stderr}");
 }
 
