@@ -6,7 +6,8 @@ use clap::{Args, ValueEnum};
 use dualgp_operators::model::{
     fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
     OfflineConfig, OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot,
-    SequentialConfig, SequentialLearner, StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant,
+    SequentialConfig, SequentialLearner, StreamingLearner, ThetaConfig, VarGpConfig, VarGpLearner, VarGpTheta,
+    VarGpVariant,
 };
 use nalgebra::DMatrix;
 use serde::Deserialize;
@@ -78,6 +79,18 @@ pub enum VarGpVariantName {
     Global,
     /// Re-VAR-GP: every block re-learned with each task.
     Retrain,
+}
+
+/// `--var-gp-theta`: where VAR-GP's hyperparameters come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VarGpThetaName {
+    /// The starting kernel throughout.
+    Held,
+    /// Fitted on the first task (`--m-rounds`, `--m-steps`), then held.
+    FirstTask,
+    /// The seed's log-normal posterior, re-learned with each task, averaged over in predictions.
+    Posterior,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -259,6 +272,19 @@ pub struct ModelArgs {
     /// var-gp: the model, default ar (VAR-GP); global and retrain are the seed's ablations.
     #[arg(long)]
     pub var_gp_variant: Option<VarGpVariantName>,
+    /// var-gp: the hyperparameters held at the start, fitted on the first task
+    /// (the default when --m-steps is given) or given the seed's posterior.
+    #[arg(long)]
+    pub var_gp_theta: Option<VarGpThetaName>,
+    /// var-gp, posterior: the weight β of KL[q_t(θ) ‖ q_{t−1}(θ)] (default 1).
+    #[arg(long)]
+    pub var_gp_beta: Option<f64>,
+    /// var-gp, posterior: the first task's prior sd of each log-hyperparameter (default 1).
+    #[arg(long)]
+    pub var_gp_prior_sd: Option<f64>,
+    /// var-gp, posterior: draws of θ per Monte Carlo average, in learning and predicting (default 4).
+    #[arg(long)]
+    pub var_gp_samples: Option<usize>,
 }
 
 /// Inputs up to which the defaults learn one lengthscale per input. Beyond,
@@ -331,6 +357,10 @@ impl ModelArgs {
             m_sample: over.m_sample.or(self.m_sample),
             seed: over.seed.or(self.seed),
             var_gp_variant: over.var_gp_variant.or(self.var_gp_variant),
+            var_gp_theta: over.var_gp_theta.or(self.var_gp_theta),
+            var_gp_beta: over.var_gp_beta.or(self.var_gp_beta),
+            var_gp_prior_sd: over.var_gp_prior_sd.or(self.var_gp_prior_sd),
+            var_gp_samples: over.var_gp_samples.or(self.var_gp_samples),
         }
     }
 }
@@ -580,12 +610,19 @@ impl ModelArgs {
     }
 
     /// VAR-GP takes `m` (a task) and the step flags; its pivot is its own
-    /// (trace) unless `--inducing-pivot` is given; `θ` is held at the
-    /// starting kernel unless `--m-steps N` fits it on the first task
-    /// (`--m-rounds` rounds, default 1).
+    /// (trace) unless `--inducing-pivot` is given; `θ` is as
+    /// `--var-gp-theta` says: by default held at the starting kernel, unless
+    /// `--m-steps N` fits it on the first task (`--m-rounds` rounds, default 1).
     fn var_gp_config(&self, q: &SequentialConfig) -> Result<VarGpConfig> {
         let defaults = VarGpConfig::default();
-        let (rounds, m_steps) = (self.m_rounds.unwrap_or(1), self.m_steps.unwrap_or(0));
+        let held_or_first_task = |rounds: usize, m_steps: usize| {
+            if rounds == 0 || m_steps == 0 {
+                VarGpTheta::Fixed
+            } else {
+                VarGpTheta::FirstTask { rounds, m_steps }
+            }
+        };
+        let rounds = self.m_rounds.unwrap_or(1);
         let config = VarGpConfig {
             inducing: q.inducing,
             pivot: if self.inducing_pivot.is_some() {
@@ -597,10 +634,20 @@ impl ModelArgs {
                 steps: self.e_steps.unwrap_or(defaults.e_step.steps),
                 rho: self.e_lr.unwrap_or(defaults.e_step.rho),
             },
-            theta: if rounds == 0 || m_steps == 0 {
-                VarGpTheta::Fixed
-            } else {
-                VarGpTheta::FirstTask { rounds, m_steps }
+            theta: match self.var_gp_theta {
+                None => held_or_first_task(rounds, self.m_steps.unwrap_or(0)),
+                Some(VarGpThetaName::Held) => VarGpTheta::Fixed,
+                Some(VarGpThetaName::FirstTask) => held_or_first_task(rounds, self.m_steps.unwrap_or(20)),
+                Some(VarGpThetaName::Posterior) => {
+                    let defaults = ThetaConfig::default();
+                    VarGpTheta::Posterior(ThetaConfig {
+                        prior_sd: self.var_gp_prior_sd.unwrap_or(defaults.prior_sd),
+                        beta: self.var_gp_beta.unwrap_or(defaults.beta),
+                        samples: self.var_gp_samples.unwrap_or(defaults.samples),
+                        rounds,
+                        m_steps: self.m_steps.unwrap_or(defaults.m_steps),
+                    })
+                }
             },
             variant: match self.var_gp_variant {
                 None | Some(VarGpVariantName::Ar) => VarGpVariant::Ar,
@@ -611,7 +658,7 @@ impl ModelArgs {
         };
         config
             .validate()
-            .map_err(|e| anyhow::anyhow!("--method var-gp: {e}; change --e-steps or --e-lr"))?;
+            .map_err(|e| anyhow::anyhow!("--method var-gp: {e}; change --e-steps, --e-lr or the --var-gp-* flags"))?;
         Ok(config)
     }
 

@@ -10,7 +10,9 @@ use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Likelihood, Predictive};
 use crate::model::math::kernel::Kernel;
-use crate::model::predict::{evaluate, evaluate_by_output, predict, Metrics};
+use crate::model::predict::{
+    evaluate, evaluate_by_output, evaluate_mixture, evaluate_mixture_by_output, predict, predict_mixture, Metrics,
+};
 
 /// What one update did: figures every learner has, and its own by name.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +56,13 @@ pub trait StreamingLearner {
         self.posterior().map_or(self.prior_kernel(), |p| &p.kernel)
     }
 
+    /// Draws of a posterior over the hyperparameters, each the fitted
+    /// posterior under one `θ`, that predictions average over; `None` (the
+    /// default): predictions come from the fitted posterior alone.
+    fn theta_draws(&self) -> Result<Option<Vec<(DualPosterior, Likelihood)>>> {
+        Ok(None)
+    }
+
     /// Rebuilds the cached factors a deserialised learner lacks.
     fn ensure_factors(&mut self) -> Result<()> {
         self.posterior_mut().map_or(Ok(()), DualPosterior::ensure_factors)
@@ -69,17 +78,26 @@ pub trait StreamingLearner {
                 got: x.ncols(),
             });
         }
-        Ok(predict(post, self.likelihood(), x))
+        Ok(match self.theta_draws()? {
+            Some(draws) => predict_mixture(&draws, x),
+            None => predict(post, self.likelihood(), x),
+        })
     }
 
     /// Test metrics on `data`.
     fn evaluate(&self, data: &Data) -> Result<Metrics> {
-        evaluate(self.fitted()?, self.likelihood(), data)
+        match self.theta_draws()? {
+            Some(draws) => evaluate_mixture(&draws, data),
+            None => evaluate(self.fitted()?, self.likelihood(), data),
+        }
     }
 
     /// Test metrics of each output on its own records (`None`: no record of it).
     fn evaluate_by_output(&self, data: &Data) -> Result<Vec<Option<Metrics>>> {
-        evaluate_by_output(self.fitted()?, self.likelihood(), data)
+        match self.theta_draws()? {
+            Some(draws) => evaluate_mixture_by_output(&draws, data),
+            None => evaluate_by_output(self.fitted()?, self.likelihood(), data),
+        }
     }
 
     /// Kernel then likelihood hyperparameters by name, on their natural scale.

@@ -20,7 +20,7 @@ pub mod predict;
 
 pub use baselines::offline::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
 pub use baselines::osgpr::{OsgprConfig, OsgprInducing, OsgprLearner, OsgprReport};
-pub use baselines::var_gp::{VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant};
+pub use baselines::var_gp::{ThetaConfig, VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant};
 pub use data::Data;
 pub use dual::estep::{EStepConfig, PointSites};
 pub use dual::memory::{bayesian_leverage_scores, MemoryPolicy};
@@ -39,4 +39,7 @@ pub use math::inducing::Pivot;
 pub use math::kernel::{Family, Kernel};
 pub use math::optim::Optimizer;
 pub use multi::MultiOutput;
-pub use predict::{evaluate, evaluate_by_output, predict, predict_outputs, Metrics};
+pub use predict::{
+    evaluate, evaluate_by_output, evaluate_mixture, evaluate_mixture_by_output, predict, predict_mixture,
+    predict_outputs, Draws, Metrics,
+};

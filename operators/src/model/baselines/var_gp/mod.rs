@@ -30,11 +30,17 @@
 //! `Retrain` (Re-VAR-GP), every block re-learned with the old posterior's
 //! sites held as the factor standing for the earlier tasks.
 //!
-//! The hyperparameters are held: the starting kernel by default, or a point
+//! The hyperparameters are held at the starting kernel by default, or a point
 //! estimate from the first task (the offline trainer's E- and M-steps on
-//! it), so that the earlier blocks' whitened `q(v_s)` and the seed's
-//! `(m_s, Σ_s)` say the same. The seed's log-normal posterior over `θ` with
-//! Monte Carlo predictions is not built (README, "VAR-GP").
+//! it), or given the seed's log-normal posterior, re-learned with each task
+//! and averaged over in predictions ([`theta`]).
+
+mod block_diagonal;
+mod theta;
+
+use block_diagonal::BlockDiagonal;
+
+pub use theta::{held_whitened_data_term, standard_draws, under, ThetaPosterior, ThetaStep};
 
 use std::ops::Range;
 use std::time::Instant;
@@ -64,6 +70,35 @@ pub enum VarGpTheta {
     /// Fitted on the first task by the offline trainer (`rounds` of an E-step
     /// then `m_steps` L-BFGS iterations, inducing inputs kept), then held.
     FirstTask { rounds: usize, m_steps: usize },
+    /// The seed's log-normal posterior, re-learned with each task and
+    /// averaged over in predictions. VAR-GP's variant (`ar`) only.
+    Posterior(ThetaConfig),
+}
+
+/// How VAR-GP learns `q_t(θ)`: the previous task's posterior is its prior
+/// (the first task's: centred on the starting kernel, `prior_sd` in log
+/// space), the KL weighed by `beta`. A task runs the block's E-step over
+/// `samples` draws of `θ`, then `rounds` times `m_steps` L-BFGS iterations
+/// on `q(θ)` and the E-step again. Predictions average over `samples` draws.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ThetaConfig {
+    pub prior_sd: f64,
+    pub beta: f64,
+    pub samples: usize,
+    pub rounds: usize,
+    pub m_steps: usize,
+}
+
+impl Default for ThetaConfig {
+    fn default() -> Self {
+        ThetaConfig {
+            prior_sd: 1.0,
+            beta: 1.0,
+            samples: 4,
+            rounds: 1,
+            m_steps: 20,
+        }
+    }
 }
 
 /// Which of the seed's models (its Appendix B ablations) the learner is.
@@ -123,6 +158,25 @@ impl VarGpConfig {
         if self.e_step.steps == 0 {
             return Err(ModelError::Config("VAR-GP: a task needs at least one E-step".into()));
         }
+        if let VarGpTheta::Posterior(ThetaConfig {
+            prior_sd,
+            beta,
+            samples,
+            ..
+        }) = self.theta
+        {
+            if self.variant != VarGpVariant::Ar {
+                return Err(ModelError::Config(
+                    "VAR-GP: the posterior over θ is built for the auto-regressive variant (ar) only".into(),
+                ));
+            }
+            if !(prior_sd > 0.0 && prior_sd.is_finite() && beta >= 0.0 && beta.is_finite()) || samples == 0 {
+                return Err(ModelError::Config(format!(
+                    "VAR-GP: θ's prior sd {prior_sd} must be positive, β {beta} non-negative, both finite, \
+                     and θ needs at least one draw ({samples} given)"
+                )));
+            }
+        }
         if !(self.tolerance >= 0.0 && self.tolerance.is_finite()) {
             return Err(ModelError::Config(format!(
                 "VAR-GP: E-step tolerance {} must be finite and non-negative",
@@ -150,6 +204,10 @@ pub struct VarGpLearner {
     posterior: Option<DualPosterior>,
     /// Inducing inputs each task brought, in order (rows of `Z`, block by block).
     task_inducing: Vec<usize>,
+    /// `q(θ)` after the last task, where the configuration learns it; the
+    /// posterior's own kernel is then `q(θ)`'s median.
+    #[serde(default)]
+    theta: Option<ThetaPosterior>,
     n_seen: u64,
     batches: u64,
 }
@@ -163,6 +221,7 @@ impl VarGpLearner {
             likelihood,
             posterior: None,
             task_inducing: Vec::new(),
+            theta: None,
             n_seen: 0,
             batches: 0,
         })
@@ -213,12 +272,16 @@ impl VarGpLearner {
         let d = self.posterior.as_ref().map_or(batch.d(), DualPosterior::d);
         batch.check(d, &self.likelihood)?;
         self.kernel().validate(d)?;
-        let (post, likelihood, report) = match &self.posterior {
+        let (
+            post,
+            Task {
+                likelihood,
+                theta,
+                report,
+            },
+        ) = match &self.posterior {
             None => self.first_task(batch)?,
-            Some(post) => {
-                let (post, report) = self.next_task(post, batch)?;
-                (post, self.likelihood.clone(), report)
-            }
+            Some(post) => self.next_task(post, batch)?,
         };
         if post
             .whitened
@@ -231,6 +294,7 @@ impl VarGpLearner {
         let total = post.m();
         self.posterior = Some(post);
         self.likelihood = likelihood;
+        self.theta = theta;
         self.task_inducing.push(m_new);
         self.batches += 1;
         self.n_seen += batch.n() as u64;
@@ -238,7 +302,7 @@ impl VarGpLearner {
     }
 
     /// The first task: `θ` as configured, then its block from the prior.
-    fn first_task(&self, batch: &Data) -> Result<(DualPosterior, Likelihood, BlockReport)> {
+    fn first_task(&self, batch: &Data) -> Result<(DualPosterior, Task)> {
         let (kernel, likelihood, z) = match self.config.theta {
             VarGpTheta::FirstTask { rounds, m_steps } if rounds > 0 => {
                 let config = OfflineConfig {
@@ -265,25 +329,109 @@ impl VarGpLearner {
         };
         // With no earlier blocks the three variants are one model.
         let mut post = DualPosterior::new(kernel, z, likelihood.n_latent())?;
-        let report = learn_block(&mut post, 0, &likelihood, batch, &self.config)?;
-        Ok((post, likelihood, report))
+        let task = self.learn_ar(&mut post, 0, &likelihood, batch)?;
+        Ok((post, task))
     }
 
     /// A later task: `Z_t` chosen from its records, the earlier blocks
     /// frozen (VAR-GP, global) or re-learned (Re-VAR-GP).
-    fn next_task(&self, old: &DualPosterior, batch: &Data) -> Result<(DualPosterior, BlockReport)> {
+    fn next_task(&self, old: &DualPosterior, batch: &Data) -> Result<(DualPosterior, Task)> {
         let z_t = select_inducing(&old.kernel, batch.x(), self.config.inducing, self.config.pivot);
         let m_old = old.m();
         let mut z = old.z.clone().resize_vertically(m_old + z_t.nrows(), 0.0);
         z.rows_mut(m_old, z_t.nrows()).copy_from(&z_t);
         let mut post = grown(old, z)?;
-        let report = match self.config.variant {
-            VarGpVariant::Ar => learn_block(&mut post, m_old, &self.likelihood, batch, &self.config)?,
-            VarGpVariant::Global => learn_global_block(&mut post, old, m_old, &self.likelihood, batch, &self.config)?,
-            VarGpVariant::Retrain => learn_all_blocks(&mut post, &self.likelihood, batch, &self.config)?,
+        let likelihood = &self.likelihood;
+        let task = match self.config.variant {
+            VarGpVariant::Ar => self.learn_ar(&mut post, m_old, likelihood, batch)?,
+            VarGpVariant::Global => Task::held(
+                likelihood,
+                learn_global_block(&mut post, old, m_old, likelihood, batch, &self.config)?,
+            ),
+            VarGpVariant::Retrain => Task::held(
+                likelihood,
+                learn_all_blocks(&mut post, likelihood, batch, &self.config)?,
+            ),
         };
-        Ok((post, report))
+        Ok((post, task))
     }
+
+    /// VAR-GP's block of `post` from row `from` (its sites zero): learned
+    /// with `θ` held, or with `q(θ)` where the configuration learns it.
+    fn learn_ar(&self, post: &mut DualPosterior, from: usize, likelihood: &Likelihood, batch: &Data) -> Result<Task> {
+        let mut blocks = self.task_blocks();
+        blocks.push(from..post.m());
+        let VarGpTheta::Posterior(ThetaConfig {
+            prior_sd,
+            beta,
+            samples,
+            rounds,
+            m_steps,
+        }) = self.config.theta
+        else {
+            return Ok(Task::held(
+                likelihood,
+                learn_block(post, &blocks, likelihood, batch, &self.config)?,
+            ));
+        };
+        let prior = self
+            .theta
+            .clone()
+            .unwrap_or_else(|| ThetaPosterior::around(post, likelihood, prior_sd));
+        // Fresh draws each task, fixed within it: the θ step's objective is then deterministic.
+        let eps = standard_draws(prior.mean.len(), samples, self.task_inducing.len() as u64);
+        let mut q = prior.clone();
+        let mut report = learn_block_over(post, &blocks, &q.draws_of(post, likelihood, &eps)?, batch, &self.config)?;
+        for _ in 0..rounds {
+            let step = ThetaStep {
+                post,
+                blocks: &blocks,
+                likelihood,
+                data: batch,
+                prior: &prior,
+                eps: &eps,
+                beta,
+            };
+            q = step.climb(&q, m_steps)?.0;
+            clear_block(post, from)?;
+            report = learn_block_over(post, &blocks, &q.draws_of(post, likelihood, &eps)?, batch, &self.config)?;
+        }
+        let (median, likelihood) = under(post, likelihood, &q.mean)?;
+        *post = median;
+        Ok(Task {
+            likelihood,
+            theta: Some(q),
+            report,
+        })
+    }
+}
+
+/// What learning a task gives besides the posterior.
+struct Task {
+    /// The likelihood under the learned `θ` (its median where `q(θ)` is learned).
+    likelihood: Likelihood,
+    theta: Option<ThetaPosterior>,
+    report: BlockReport,
+}
+
+impl Task {
+    fn held(likelihood: &Likelihood, report: BlockReport) -> Self {
+        Task {
+            likelihood: likelihood.clone(),
+            theta: None,
+            report,
+        }
+    }
+}
+
+/// Sets the sites of `post`'s block from row `from` to zero.
+fn clear_block(post: &mut DualPosterior, from: usize) -> Result<()> {
+    let m_t = post.m() - from;
+    for s in &mut post.whitened {
+        s.l.rows_mut(from, m_t).fill(0.0);
+        s.lambda.view_mut((from, from), (m_t, m_t)).fill(0.0);
+    }
+    post.refresh_sites()
 }
 
 /// `old`'s posterior over the inducing inputs `z`, `old.z` its first rows:
@@ -315,35 +463,103 @@ struct BlockProblem {
     /// `t`'s sites, one per latent, in the block's coordinates: zero but for
     /// Re-VAR-GP, where they are the old posterior's.
     fixed: Vec<Sites>,
+    /// The likelihood of each draw of `θ`, its points `n` columns of
+    /// `coords` each, draw after draw, weighed `1/draws` (one draw where `θ` is held).
+    likelihoods: Vec<Likelihood>,
 }
 
 impl BlockProblem {
-    /// The block with columns `coords` of the points `cross` is of, against
-    /// the rest of `post` (the block itself at its prior) and no fixed sites.
-    fn against(post: &DualPosterior, cross: &Cross, coords: DMatrix<f64>) -> Self {
+    /// The block with columns `coords` of the points whose marginals under
+    /// `post` (the block itself at its prior) are `marginals`, against the
+    /// rest of `post` and no fixed sites.
+    fn against(post: &DualPosterior, marginals: Marginals, coords: DMatrix<f64>, likelihood: &Likelihood) -> Self {
         BlockProblem {
-            frozen: frozen_marginals(post, cross, &coords),
+            frozen: frozen_marginals(marginals, &coords),
             fixed: vec![Sites::zeros(coords.nrows()); post.n_latent()],
             coords,
+            likelihoods: vec![likelihood.clone()],
+        }
+    }
+
+    /// The problems of several draws of `θ` (no fixed sites) as one: the
+    /// bound's Monte Carlo average over the draws.
+    fn stacked(draws: Vec<BlockProblem>) -> Self {
+        let columns: Vec<_> = draws.iter().flat_map(|p| p.coords.column_iter()).collect();
+        let rows = |part: fn(&BlockProblem) -> &DMatrix<f64>| {
+            let blocks: Vec<_> = draws.iter().flat_map(|p| part(p).row_iter()).collect();
+            DMatrix::from_rows(&blocks)
+        };
+        BlockProblem {
+            coords: DMatrix::from_columns(&columns),
+            frozen: Marginals {
+                mean: rows(|p| &p.frozen.mean),
+                var: rows(|p| &p.frozen.var),
+            },
+            fixed: draws[0].fixed.clone(),
+            likelihoods: draws.iter().flat_map(|p| p.likelihoods.clone()).collect(),
         }
     }
 }
 
-/// Learns the block of `post`'s inducing inputs from row `from` on (its
-/// sites zero on entry) from `data`, every earlier block held: VAR-GP, its
-/// block in the whitened coordinates `v_t = L_C⁻¹e_t` of the joint.
-pub fn learn_block(
+/// Learns the last of `post`'s task blocks `blocks` (its sites zero on
+/// entry) from `data`, every earlier block held: VAR-GP, its block in the
+/// whitened coordinates `v_t = L_C⁻¹e_t` of the joint.
+fn learn_block(
     post: &mut DualPosterior,
-    from: usize,
+    blocks: &[Range<usize>],
     likelihood: &Likelihood,
     data: &Data,
     config: &VarGpConfig,
 ) -> Result<BlockReport> {
-    let m_t = post.m() - from;
+    let problem = block_against(post, blocks, likelihood, data)?;
+    set_block(post, blocks, &problem, data, config)
+}
+
+/// [`learn_block`] with the bound averaged over `draws`, `post` under each
+/// draw of `θ` (the whitened sites alike): VAR-GP's block under `q(θ)`.
+fn learn_block_over(
+    post: &mut DualPosterior,
+    blocks: &[Range<usize>],
+    draws: &[(DualPosterior, Likelihood)],
+    data: &Data,
+    config: &VarGpConfig,
+) -> Result<BlockReport> {
+    let problems = draws
+        .iter()
+        .map(|(post, likelihood)| block_against(post, blocks, likelihood, data))
+        .collect::<Result<_>>()?;
+    set_block(post, blocks, &BlockProblem::stacked(problems), data, config)
+}
+
+/// The problem of the last of `post`'s task blocks at the points of `data`.
+fn block_against(
+    post: &DualPosterior,
+    blocks: &[Range<usize>],
+    likelihood: &Likelihood,
+    data: &Data,
+) -> Result<BlockProblem> {
     let cross = post.cross(data.x());
-    let coords = cross.a.rows(from, m_t).into_owned();
-    let problem = BlockProblem::against(post, &cross, coords);
-    let (own, report) = solve_block(post, from, &problem, likelihood, data, config)?;
+    let from = last_block(blocks).start;
+    let coords = cross.a.rows(from, post.m() - from).into_owned();
+    let marginals = BlockDiagonal::of(post, blocks)?.marginals(post, &cross);
+    Ok(BlockProblem::against(post, marginals, coords, likelihood))
+}
+
+fn last_block(blocks: &[Range<usize>]) -> &Range<usize> {
+    blocks.last().expect("a task brings a block")
+}
+
+/// Solves `problem` and sets the last of `post`'s task blocks to its sites.
+fn set_block(
+    post: &mut DualPosterior,
+    blocks: &[Range<usize>],
+    problem: &BlockProblem,
+    data: &Data,
+    config: &VarGpConfig,
+) -> Result<BlockReport> {
+    let from = last_block(blocks).start;
+    let m_t = post.m() - from;
+    let (own, report) = solve_block(post, from, problem, data, config)?;
     for (joint, own) in post.whitened.iter_mut().zip(&own) {
         joint.l.rows_mut(from, m_t).copy_from(&own.l);
         joint.lambda.view_mut((from, from), (m_t, m_t)).copy_from(&own.lambda);
@@ -383,8 +599,8 @@ fn learn_global_block(
             jitter: post.jitter,
         })?;
     let coords = l_t.tr_mul(&weights.rows(from, m_t));
-    let problem = BlockProblem::against(post, &cross, coords);
-    let (own, report) = solve_block(post, from, &problem, likelihood, data, config)?;
+    let problem = BlockProblem::against(post, post.marginals(&cross), coords, likelihood);
+    let (own, report) = solve_block(post, from, &problem, data, config)?;
     let blocks = own
         .iter()
         .map(|sites| {
@@ -417,8 +633,9 @@ fn learn_all_blocks(
             var: residual,
         },
         fixed: post.whitened.clone(),
+        likelihoods: vec![likelihood.clone()],
     };
-    let (all, report) = solve_block(post, 0, &problem, likelihood, data, config)?;
+    let (all, report) = solve_block(post, 0, &problem, data, config)?;
     post.whitened = all;
     post.refresh_sites()?;
     Ok(report)
@@ -482,15 +699,16 @@ fn solve_block(
     post: &DualPosterior,
     from: usize,
     problem: &BlockProblem,
-    likelihood: &Likelihood,
     data: &Data,
     config: &VarGpConfig,
 ) -> Result<(Vec<Sites>, BlockReport)> {
     let (n, n_latent, m_b) = (data.n(), post.n_latent(), post.m() - from);
+    let points = problem.coords.ncols();
+    let weight = 1.0 / problem.likelihoods.len() as f64;
     let block_cross = Cross {
-        kzx: DMatrix::zeros(0, n),
+        kzx: DMatrix::zeros(0, points),
         a: problem.coords.clone(),
-        residual_var: DVector::zeros(n),
+        residual_var: DVector::zeros(points),
     };
     let frozen = &problem.frozen;
     let mut block = DualPosterior::new(post.kernel.clone(), post.z.rows(from, m_b).into_owned(), n_latent)?;
@@ -501,7 +719,7 @@ fn solve_block(
         }
         totals
     };
-    let mut sites = PointSites::zeros(n, n_latent);
+    let mut sites = PointSites::zeros(points, n_latent);
     block.whitened = with_fixed(&sites);
     block.refresh_sites()?;
     let mut guard = Backtracking::new(config.e_step.rho);
@@ -514,8 +732,9 @@ fn solve_block(
         let mut next = sites.clone();
         let mut expected = 0.0;
         marginals.for_each_point(|i, mean, var| {
-            likelihood.expectation(mean, var, data.y()[i], &mut e);
-            expected += e.value;
+            let likelihood = &problem.likelihoods[i / n];
+            likelihood.expectation(mean, var, data.y()[i % n], &mut e);
+            expected += weight * e.value;
             for c in 0..n_latent {
                 let (s1_old, s2_old) = (sites.s1[(i, c)], sites.s2[(i, c)]);
                 let previous = (s2_old > 0.0).then(|| s1_old / s2_old);
@@ -530,8 +749,8 @@ fn solve_block(
                 );
                 // The site is on the block's share of the mean, the frozen offset taken out.
                 let lambda1 = e.d_mean[c] + beta * (mean[c] - frozen.mean[(i, c)]);
-                next.s1[(i, c)] = (1.0 - step.rho) * s1_old + step.rho * lambda1;
-                next.s2[(i, c)] = (1.0 - step.rho) * s2_old + step.rho * beta;
+                next.s1[(i, c)] = (1.0 - step.rho) * s1_old + step.rho * weight * lambda1;
+                next.s2[(i, c)] = (1.0 - step.rho) * s2_old + step.rho * weight * beta;
             }
         });
         report.bound = expected - block.kl() + expected_log_message(&block, &problem.fixed);
@@ -555,8 +774,7 @@ fn solve_block(
 /// The marginals of `f` under `post` less the block's prior share `‖b_i‖²`
 /// of the variance (the block at its prior on entry), which the block's own
 /// `b_iᵀ S b_i` replaces.
-fn frozen_marginals(post: &DualPosterior, cross: &Cross, coords: &DMatrix<f64>) -> Marginals {
-    let mut frozen = post.marginals(cross);
+fn frozen_marginals(mut frozen: Marginals, coords: &DMatrix<f64>) -> Marginals {
     for (i, b_i) in coords.column_iter().enumerate() {
         frozen.var.row_mut(i).add_scalar_mut(-b_i.norm_squared());
     }
@@ -588,8 +806,21 @@ impl StreamingLearner for VarGpLearner {
         })
     }
 
+    /// `samples` draws of `q(θ)` (their own, not the training draws) where
+    /// it is learned: the seed's Monte Carlo predictive (Appendix A.1).
+    fn theta_draws(&self) -> Result<Option<Vec<(DualPosterior, Likelihood)>>> {
+        let (Some(q), VarGpTheta::Posterior(ThetaConfig { samples, .. })) = (&self.theta, self.config.theta) else {
+            return Ok(None);
+        };
+        let eps = standard_draws(q.mean.len(), samples, PREDICTIVE_DRAWS_SEED);
+        q.draws_of(self.fitted()?, &self.likelihood, &eps).map(Some)
+    }
+
     field_accessors!();
 }
+
+/// The seed of the draws of `θ` predictions average over (tasks' are seeded by their index).
+const PREDICTIVE_DRAWS_SEED: u64 = u64::MAX;
 
 /// A task's bound and its gradients in the block's `q(v_t)`, per latent.
 #[derive(Debug, Clone, PartialEq)]
@@ -628,7 +859,7 @@ pub fn task_bound(
     frozen_post.refresh_sites()?;
     let cross = frozen_post.cross(data.x());
     let a = cross.a.rows(from, m_t).into_owned();
-    let frozen = frozen_marginals(&frozen_post, &cross, &a);
+    let frozen = frozen_marginals(frozen_post.marginals(&cross), &a);
     let (n, n_latent) = (data.n(), post.n_latent());
     let mut value = 0.0;
     let mut grad_mean: Vec<DVector<f64>> = mean.iter().map(|m| -m).collect();
