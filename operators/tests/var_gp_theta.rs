@@ -265,6 +265,7 @@ fn posterior_config(prior_sd: f64, beta: f64) -> VarGpConfig {
         samples: 4,
         rounds: 2,
         m_steps: 30,
+        seed: 0,
     }))
 }
 

@@ -272,8 +272,9 @@ pub struct ModelArgs {
     /// var-gp: the model, default ar (VAR-GP); global and retrain are the seed's ablations.
     #[arg(long)]
     pub var_gp_variant: Option<VarGpVariantName>,
-    /// var-gp: the hyperparameters held at the start, fitted on the first task
-    /// (the default when --m-steps is given) or given the seed's posterior.
+    /// var-gp: the hyperparameters held at the start, fitted on the first task,
+    /// or given the seed's posterior (the default for ar; the ablations hold θ,
+    /// or fit it on the first task when --m-steps is given).
     #[arg(long)]
     pub var_gp_theta: Option<VarGpThetaName>,
     /// var-gp, posterior: the weight β of KL[q_t(θ) ‖ q_{t−1}(θ)] (default 1).
@@ -611,10 +612,17 @@ impl ModelArgs {
 
     /// VAR-GP takes `m` (a task) and the step flags; its pivot is its own
     /// (trace) unless `--inducing-pivot` is given; `θ` is as
-    /// `--var-gp-theta` says: by default held at the starting kernel, unless
-    /// `--m-steps N` fits it on the first task (`--m-rounds` rounds, default 1).
+    /// `--var-gp-theta` says. By default VAR-GP (`ar`) learns the seed's
+    /// posterior, `--m-steps` and `--m-rounds` its θ step's iterations and
+    /// rounds; the ablations, for which that posterior is not built, hold `θ`
+    /// at the starting kernel unless `--m-steps N` fits it on the first task.
     fn var_gp_config(&self, q: &SequentialConfig) -> Result<VarGpConfig> {
         let defaults = VarGpConfig::default();
+        let variant = match self.var_gp_variant {
+            None | Some(VarGpVariantName::Ar) => VarGpVariant::Ar,
+            Some(VarGpVariantName::Global) => VarGpVariant::Global,
+            Some(VarGpVariantName::Retrain) => VarGpVariant::Retrain,
+        };
         let held_or_first_task = |rounds: usize, m_steps: usize| {
             if rounds == 0 || m_steps == 0 {
                 VarGpTheta::Fixed
@@ -635,10 +643,10 @@ impl ModelArgs {
                 rho: self.e_lr.unwrap_or(defaults.e_step.rho),
             },
             theta: match self.var_gp_theta {
-                None => held_or_first_task(rounds, self.m_steps.unwrap_or(0)),
+                None if variant != VarGpVariant::Ar => held_or_first_task(rounds, self.m_steps.unwrap_or(0)),
                 Some(VarGpThetaName::Held) => VarGpTheta::Fixed,
                 Some(VarGpThetaName::FirstTask) => held_or_first_task(rounds, self.m_steps.unwrap_or(20)),
-                Some(VarGpThetaName::Posterior) => {
+                None | Some(VarGpThetaName::Posterior) => {
                     let defaults = ThetaConfig::default();
                     VarGpTheta::Posterior(ThetaConfig {
                         prior_sd: self.var_gp_prior_sd.unwrap_or(defaults.prior_sd),
@@ -646,14 +654,11 @@ impl ModelArgs {
                         samples: self.var_gp_samples.unwrap_or(defaults.samples),
                         rounds,
                         m_steps: self.m_steps.unwrap_or(defaults.m_steps),
+                        seed: self.seed.unwrap_or(defaults.seed),
                     })
                 }
             },
-            variant: match self.var_gp_variant {
-                None | Some(VarGpVariantName::Ar) => VarGpVariant::Ar,
-                Some(VarGpVariantName::Global) => VarGpVariant::Global,
-                Some(VarGpVariantName::Retrain) => VarGpVariant::Retrain,
-            },
+            variant,
             ..defaults
         };
         config
@@ -913,6 +918,52 @@ mod tests {
         assert_eq!(
             memory(&["--memory-policy", "none", "--memory-capacity", "50"]),
             MemoryPolicy::None
+        );
+    }
+
+    #[test]
+    fn var_gp_learns_the_seeds_posterior_over_theta_unless_told_otherwise() {
+        let theta = |args: &[&str]| settings(args).var_gp.theta;
+        let posterior = |f: fn(&mut ThetaConfig)| {
+            let mut config = ThetaConfig::default();
+            f(&mut config);
+            VarGpTheta::Posterior(config)
+        };
+        assert_eq!(theta(&[]), posterior(|_| {}));
+        assert_eq!(
+            theta(&[
+                "--var-gp-beta",
+                "3",
+                "--var-gp-prior-sd",
+                "0.5",
+                "--var-gp-samples",
+                "6",
+                "--m-steps",
+                "7",
+                "--m-rounds",
+                "2",
+                "--seed",
+                "9"
+            ]),
+            posterior(|c| *c = ThetaConfig {
+                prior_sd: 0.5,
+                beta: 3.0,
+                samples: 6,
+                rounds: 2,
+                m_steps: 7,
+                seed: 9
+            })
+        );
+        assert_eq!(theta(&["--var-gp-theta", "held"]), VarGpTheta::Fixed);
+        assert_eq!(
+            theta(&["--var-gp-theta", "first-task"]),
+            VarGpTheta::FirstTask { rounds: 1, m_steps: 20 }
+        );
+        // The ablations hold θ, or fit it on the first task, as before.
+        assert_eq!(theta(&["--var-gp-variant", "global"]), VarGpTheta::Fixed);
+        assert_eq!(
+            theta(&["--var-gp-variant", "retrain", "--m-steps", "5"]),
+            VarGpTheta::FirstTask { rounds: 1, m_steps: 5 }
         );
     }
 

@@ -80,6 +80,7 @@ pub enum VarGpTheta {
 /// space), the KL weighed by `beta`. A task runs the block's E-step over
 /// `samples` draws of `θ`, then `rounds` times `m_steps` L-BFGS iterations
 /// on `q(θ)` and the E-step again. Predictions average over `samples` draws.
+/// The draws come from `seed` (and the task's index).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ThetaConfig {
     pub prior_sd: f64,
@@ -87,6 +88,7 @@ pub struct ThetaConfig {
     pub samples: usize,
     pub rounds: usize,
     pub m_steps: usize,
+    pub seed: u64,
 }
 
 impl Default for ThetaConfig {
@@ -97,6 +99,7 @@ impl Default for ThetaConfig {
             samples: 4,
             rounds: 1,
             m_steps: 20,
+            seed: 0,
         }
     }
 }
@@ -141,8 +144,9 @@ impl Default for VarGpConfig {
             pivot: Pivot::Trace,
             e_step: EStepConfig { steps: 50, rho: 1.0 },
             tolerance: 1e-6,
-            // Fitted on the first task, θ did worse on every set measured (README, "VAR-GP").
-            theta: VarGpTheta::Fixed,
+            // The seed's model; held or fitted on the first task, θ did worse
+            // on every set measured (README, "VAR-GP").
+            theta: VarGpTheta::Posterior(ThetaConfig::default()),
             variant: VarGpVariant::Ar,
         }
     }
@@ -367,6 +371,7 @@ impl VarGpLearner {
             samples,
             rounds,
             m_steps,
+            seed,
         }) = self.config.theta
         else {
             return Ok(Task::held(
@@ -379,7 +384,10 @@ impl VarGpLearner {
             .clone()
             .unwrap_or_else(|| ThetaPosterior::around(post, likelihood, prior_sd));
         // Fresh draws each task, fixed within it: the θ step's objective is then deterministic.
-        let eps = standard_draws(prior.mean.len(), samples, self.task_inducing.len() as u64);
+        let task_seed = seed
+            .wrapping_mul(SEED_MIX)
+            .wrapping_add(self.task_inducing.len() as u64);
+        let eps = standard_draws(prior.mean.len(), samples, task_seed);
         let mut q = prior.clone();
         let mut report = learn_block_over(post, &blocks, &q.draws_of(post, likelihood, &eps)?, batch, &self.config)?;
         for _ in 0..rounds {
@@ -809,18 +817,19 @@ impl StreamingLearner for VarGpLearner {
     /// `samples` draws of `q(θ)` (their own, not the training draws) where
     /// it is learned: the seed's Monte Carlo predictive (Appendix A.1).
     fn theta_draws(&self) -> Result<Option<Vec<(DualPosterior, Likelihood)>>> {
-        let (Some(q), VarGpTheta::Posterior(ThetaConfig { samples, .. })) = (&self.theta, self.config.theta) else {
+        let (Some(q), VarGpTheta::Posterior(ThetaConfig { samples, seed, .. })) = (&self.theta, self.config.theta)
+        else {
             return Ok(None);
         };
-        let eps = standard_draws(q.mean.len(), samples, PREDICTIVE_DRAWS_SEED);
+        let eps = standard_draws(q.mean.len(), samples, seed ^ SEED_MIX);
         q.draws_of(self.fitted()?, &self.likelihood, &eps).map(Some)
     }
 
     field_accessors!();
 }
 
-/// The seed of the draws of `θ` predictions average over (tasks' are seeded by their index).
-const PREDICTIVE_DRAWS_SEED: u64 = u64::MAX;
+/// Spreads the user's seed over the draws' seeds: each task's, and the predictions' apart from them.
+const SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// A task's bound and its gradients in the block's `q(v_t)`, per latent.
 #[derive(Debug, Clone, PartialEq)]

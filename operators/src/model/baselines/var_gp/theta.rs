@@ -162,10 +162,10 @@ pub fn held_whitened_data_term(
         a_bar += 2.0 * (diagonal.times_cov(c, &scaled) - scaled);
     }
     let chol_k = &factors.chol_k;
+    // LᵀL̄ = −ĀAᵀ: an m²n product where L̄ itself would cost m³.
+    let k_bar = cholesky_backward(chol_k, &-(&a_bar * cross.a.transpose()));
     let mut kzx_bar = a_bar;
     solve_lower_transposed_in_place(chol_k, &mut kzx_bar);
-    let l_bar = -(&kzx_bar * cross.a.transpose());
-    let k_bar = cholesky_backward(chol_k, &l_bar);
     let kernel = &post.kernel;
     let g_diag = DVector::from_fn(n, |i, _| d_var.row(i).sum());
     let kernel_grad = kernel.matrix_grad(&post.z, data.x(), &kzx_bar)
@@ -179,11 +179,12 @@ pub fn held_whitened_data_term(
     Ok((value, grad))
 }
 
-/// `∂F/∂K` for `K = LLᵀ` from `∂F/∂L` (only its lower triangle counts):
-/// `L⁻ᵀ Φ(LᵀL̄) L⁻¹` symmetrised, `Φ` the lower triangle with the diagonal
-/// halved (from `dL = L Φ(L⁻¹ dK L⁻ᵀ)`).
-fn cholesky_backward(chol: &Cholesky<f64, Dyn>, l_bar: &DMatrix<f64>) -> DMatrix<f64> {
-    let mut p = chol.l().tr_mul(&l_bar.lower_triangle()).lower_triangle();
+/// `∂F/∂K` for `K = LLᵀ` from `LᵀL̄`, `L̄ = ∂F/∂L`: `L⁻ᵀ Φ(LᵀL̄) L⁻¹`
+/// symmetrised, `Φ` the lower triangle with the diagonal halved. From
+/// `dL = L Φ(L⁻¹ dK L⁻ᵀ)`, which is lower triangular: `L̄`'s upper triangle
+/// meets its zeros, so `L̄` need not be cut to its lower triangle first.
+fn cholesky_backward(chol: &Cholesky<f64, Dyn>, lt_l_bar: &DMatrix<f64>) -> DMatrix<f64> {
+    let mut p = lt_l_bar.lower_triangle();
     for i in 0..p.nrows() {
         p[(i, i)] *= 0.5;
     }
