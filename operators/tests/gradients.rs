@@ -1,6 +1,9 @@
 //! The analytic gradient of the M-step objective against central finite
 //! differences, for every likelihood and for composite kernels.
 
+mod common;
+
+use common::{assert_matches_finite_differences, assert_near_difference};
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::dual::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms};
 use dualgp_operators::model::dual::past::PastMessage;
@@ -62,32 +65,6 @@ fn check_weighted_gradient_of(mut post: DualPosterior, data: Data, mut lik: Like
         m_step_objective(&post, &lik, &data, weights.as_deref()).unwrap().value
     };
     assert_matches_finite_differences(&analytic, &theta, value_at);
-}
-
-/// `analytic` against central differences of `value_at` around `theta`.
-fn assert_matches_finite_differences(
-    analytic: &DVector<f64>,
-    theta: &DVector<f64>,
-    mut value_at: impl FnMut(&DVector<f64>) -> f64,
-) {
-    let h = 1e-5;
-    for p in 0..theta.len() {
-        let (mut plus, mut minus) = (theta.clone(), theta.clone());
-        plus[p] += h;
-        minus[p] -= h;
-        let numeric = (value_at(&plus) - value_at(&minus)) / (2.0 * h);
-        assert_near_difference(analytic[p], numeric, format_args!("parameter {p}"));
-    }
-}
-
-/// `analytic` within 1e-5 of the finite difference `numeric`, relative to
-/// `|numeric|` (at least 1e-3).
-fn assert_near_difference(analytic: f64, numeric: f64, what: std::fmt::Arguments) {
-    let err = (analytic - numeric).abs() / numeric.abs().max(1e-3);
-    assert!(
-        err < 1e-5,
-        "{what}: analytic {analytic} vs finite difference {numeric} (rel. error {err:e})"
-    );
 }
 
 /// `∂F/∂Z` against finite differences, the totals held fixed as in the M-step.

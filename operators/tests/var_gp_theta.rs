@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use common::uniform;
+use common::{assert_matches_finite_differences, uniform};
 
 fn matern(lengthscales: Vec<f64>) -> Kernel {
     Kernel::stationary(Family::Matern52, 1.3, lengthscales)
@@ -78,22 +78,6 @@ fn data_term(post: &DualPosterior, likelihood: &Likelihood, data: &Data, theta: 
         .0
 }
 
-fn assert_matches_central_differences(analytic: &DVector<f64>, f: impl Fn(&DVector<f64>) -> f64, at: &DVector<f64>) {
-    let h = 1e-5;
-    for j in 0..at.len() {
-        let (mut up, mut down) = (at.clone(), at.clone());
-        up[j] += h;
-        down[j] -= h;
-        let numeric = (f(&up) - f(&down)) / (2.0 * h);
-        let scale = numeric.abs().max(1.0);
-        assert!(
-            (analytic[j] - numeric).abs() < 1e-5 * scale,
-            "coordinate {j}: analytic {} numeric {numeric}",
-            analytic[j]
-        );
-    }
-}
-
 #[test]
 fn the_held_whitened_data_terms_gradient_matches_finite_differences() {
     for likelihood in [
@@ -109,7 +93,7 @@ fn the_held_whitened_data_terms_gradient_matches_finite_differences() {
         let (value, grad) = held_whitened_data_term(&post_at, &dense(&post_at), &lik_at, &second).unwrap();
         assert!(value.is_finite());
         assert_eq!(grad.len(), at.len());
-        assert_matches_central_differences(&grad, |t| data_term(post, l.likelihood(), &second, t), &at);
+        assert_matches_finite_differences(&grad, &at, |t| data_term(post, l.likelihood(), &second, t));
         // The tasks' blocks give the same, multiplying block by block.
         let (block_value, block_grad) = held_whitened_data_term(&post_at, &l.task_blocks(), &lik_at, &second).unwrap();
         assert!((block_value - value).abs() < 1e-9 * value.abs().max(1.0));
@@ -147,7 +131,7 @@ fn the_theta_steps_objective_gradient_matches_finite_differences() {
         };
         step.objective(&q).unwrap().0
     };
-    assert_matches_central_differences(&grad, value_at, &stacked);
+    assert_matches_finite_differences(&grad, &stacked, value_at);
 }
 
 #[test]

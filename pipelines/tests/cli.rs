@@ -190,10 +190,17 @@ fn eval_osgpr_learns_banana_batch_by_batch() {
     );
 }
 
+/// `eval --method var-gp` on banana in 4 batches, M = 10 new inducing inputs
+/// a batch, with `extra` flags.
+fn var_gp_on_banana(extra: &[&str]) -> serde_json::Value {
+    let mut flags = vec!["--method", "var-gp", "--batches", "4", "--inducing", "10"];
+    flags.extend_from_slice(extra);
+    eval_report("banana_train", "banana_test", "bernoulli", &flags)
+}
+
 #[test]
 fn eval_var_gp_grows_its_inducing_set_a_task_at_a_time() {
-    let flags = ["--method", "var-gp", "--batches", "4", "--inducing", "10"];
-    let json = eval_report("banana_train", "banana_test", "bernoulli", &flags);
+    let json = var_gp_on_banana(&[]);
     assert_eq!(json["method"], "var-gp");
     let inducing: Vec<u64> = banana_batches(&json)
         .iter()
@@ -217,19 +224,7 @@ fn eval_var_gp_grows_its_inducing_set_a_task_at_a_time() {
 #[test]
 fn eval_var_gp_runs_the_seeds_ablations() {
     let final_nlpd = |variant: &str| {
-        let flags = [
-            "--method",
-            "var-gp",
-            "--batches",
-            "4",
-            "--inducing",
-            "10",
-            "--var-gp-variant",
-            variant,
-            "--var-gp-theta",
-            "held",
-        ];
-        let json = eval_report("banana_train", "banana_test", "bernoulli", &flags);
+        let json = var_gp_on_banana(&["--var-gp-variant", variant, "--var-gp-theta", "held"]);
         let inducing: Vec<u64> = banana_batches(&json)
             .iter()
             .map(|b| b["inducing"].as_u64().unwrap())
@@ -250,19 +245,7 @@ fn eval_var_gp_runs_the_seeds_ablations() {
 /// banana the Monte Carlo predictive beats `θ` held.
 #[test]
 fn eval_var_gp_learns_a_posterior_over_the_hyperparameters() {
-    let run = |theta: &str| {
-        let flags = [
-            "--method",
-            "var-gp",
-            "--batches",
-            "4",
-            "--inducing",
-            "10",
-            "--var-gp-theta",
-            theta,
-        ];
-        eval_report("banana_train", "banana_test", "bernoulli", &flags)["final"].clone()
-    };
+    let run = |theta: &str| var_gp_on_banana(&["--var-gp-theta", theta])["final"].clone();
     let (held, learned) = (run("held"), run("posterior"));
     let variance = |f: &serde_json::Value| f["hyperparameters"]["matern52.variance"].as_f64().unwrap();
     assert_eq!(variance(&held), 1.0);

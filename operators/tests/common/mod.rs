@@ -58,3 +58,29 @@ pub fn small_config() -> SequentialConfig {
         ..SequentialConfig::default()
     }
 }
+
+/// `analytic` against central differences of `value_at` around `theta`.
+pub fn assert_matches_finite_differences(
+    analytic: &DVector<f64>,
+    theta: &DVector<f64>,
+    mut value_at: impl FnMut(&DVector<f64>) -> f64,
+) {
+    let h = 1e-5;
+    for p in 0..theta.len() {
+        let (mut plus, mut minus) = (theta.clone(), theta.clone());
+        plus[p] += h;
+        minus[p] -= h;
+        let numeric = (value_at(&plus) - value_at(&minus)) / (2.0 * h);
+        assert_near_difference(analytic[p], numeric, format_args!("parameter {p}"));
+    }
+}
+
+/// `analytic` within 1e-5 of the finite difference `numeric`, relative to
+/// `|numeric|` (at least 1e-3).
+pub fn assert_near_difference(analytic: f64, numeric: f64, what: std::fmt::Arguments) {
+    let err = (analytic - numeric).abs() / numeric.abs().max(1e-3);
+    assert!(
+        err < 1e-5,
+        "{what}: analytic {analytic} vs finite difference {numeric} (rel. error {err:e})"
+    );
+}
