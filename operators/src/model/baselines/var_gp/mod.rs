@@ -30,10 +30,10 @@
 //! `Retrain` (Re-VAR-GP), every block re-learned with the old posterior's
 //! sites held as the factor standing for the earlier tasks.
 //!
-//! The hyperparameters are held at the starting kernel by default, or a point
-//! estimate from the first task (the offline trainer's E- and M-steps on
-//! it), or given the seed's log-normal posterior, re-learned with each task
-//! and averaged over in predictions ([`theta`]).
+//! The hyperparameters get the seed's log-normal posterior by default,
+//! re-learned with each task and averaged over in predictions ([`theta`]);
+//! or they are held at the starting kernel, or at a point estimate from the
+//! first task (the offline trainer's E- and M-steps on it).
 
 mod block_diagonal;
 mod theta;
