@@ -292,6 +292,28 @@ fn an_empty_task_leaves_the_posterior_and_q_theta_unchanged() {
 }
 
 #[test]
+fn a_learner_with_q_theta_survives_its_checkpoint() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut l = VarGpLearner::new(
+        matern(vec![0.8, 1.7]),
+        Likelihood::Gaussian { variance: 0.1 },
+        posterior_config(1.0, 1.0),
+    )
+    .unwrap();
+    l.learn_batch(&task(&mut rng, 40, -2.0, 0.0, false)).unwrap();
+    l.learn_batch(&task(&mut rng, 40, 0.0, 2.0, false)).unwrap();
+    let mut restored: VarGpLearner = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+    restored.ensure_factors().unwrap();
+    let x = uniform(&mut rng, 20, 2, 2.0);
+    assert_eq!(restored.predict(&x).unwrap(), l.predict(&x).unwrap());
+    // And it goes on learning as the original does.
+    let third = task(&mut rng, 40, 1.0, 2.0, false);
+    l.learn_batch(&third).unwrap();
+    restored.learn_batch(&third).unwrap();
+    assert_eq!(restored.predict(&x).unwrap(), l.predict(&x).unwrap());
+}
+
+#[test]
 fn q_theta_moves_towards_the_data_and_predicts_better_than_the_held_start() {
     // The starting lengthscales (5) are far too long for sin(3 x0).
     let mut rng = ChaCha8Rng::seed_from_u64(6);
