@@ -274,15 +274,20 @@ fn a_posterior_pinned_at_the_starting_theta_is_the_learner_with_theta_held() {
     }
 }
 
-#[test]
-fn an_empty_task_leaves_the_posterior_and_q_theta_unchanged() {
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let mut l = VarGpLearner::new(
+/// A Gaussian learner that learns `q(θ)`, the prior sd 1 and β = 1.
+fn learning_q_theta() -> VarGpLearner {
+    VarGpLearner::new(
         matern(vec![0.8, 1.7]),
         Likelihood::Gaussian { variance: 0.1 },
         posterior_config(1.0, 1.0),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn an_empty_task_leaves_the_posterior_and_q_theta_unchanged() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut l = learning_q_theta();
     l.learn_batch(&task(&mut rng, 40, -2.0, 2.0, false)).unwrap();
     let x = uniform(&mut rng, 20, 2, 2.0);
     let before = (l.predict(&x).unwrap(), l.hyperparameters());
@@ -294,12 +299,7 @@ fn an_empty_task_leaves_the_posterior_and_q_theta_unchanged() {
 #[test]
 fn a_learner_with_q_theta_survives_its_checkpoint() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut l = VarGpLearner::new(
-        matern(vec![0.8, 1.7]),
-        Likelihood::Gaussian { variance: 0.1 },
-        posterior_config(1.0, 1.0),
-    )
-    .unwrap();
+    let mut l = learning_q_theta();
     l.learn_batch(&task(&mut rng, 40, -2.0, 0.0, false)).unwrap();
     l.learn_batch(&task(&mut rng, 40, 0.0, 2.0, false)).unwrap();
     let mut restored: VarGpLearner = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();

@@ -275,30 +275,23 @@ fn eval_refuses_bad_invocations_in_one_line() {
     refuses("/nonexistent/x.parquet", &["--fold", "0"], "/nonexistent/x.parquet");
     refuses(&elevators, &["--fold", "0"], "does not fit these labels");
     refuses(&banana, &["--fold", "0", "--inducing", "0"], "--inducing 0");
-    let posterior_of_an_ablation = [
-        "--fold",
-        "0",
-        "--method",
-        "var-gp",
-        "--var-gp-theta",
-        "posterior",
-        "--var-gp-variant",
-        "global",
-    ];
-    refuses(&banana, &posterior_of_an_ablation, "auto-regressive variant (ar) only");
-    refuses(
-        &banana,
-        &[
+    let posterior = |extra: &'static str| {
+        [
             "--fold",
             "0",
             "--method",
             "var-gp",
             "--var-gp-theta",
             "posterior",
-            "--var-gp-beta=-1",
-        ],
-        "β -1",
+            extra,
+        ]
+    };
+    refuses(
+        &banana,
+        &posterior("--var-gp-variant=global"),
+        "auto-regressive variant (ar) only",
     );
+    refuses(&banana, &posterior("--var-gp-beta=-1"), "β -1");
     refuses(&banana, &["--fold", "0", "--batches", "100000"], "--batches 100000");
     refuses(&banana, &[], "--fold K or --test");
     refuses_as("gamma", &banana, &["--fold", "0"], "--likelihood");
