@@ -101,6 +101,26 @@ fn the_held_whitened_data_terms_gradient_matches_finite_differences() {
     }
 }
 
+/// A kernel changed with the whitened sites held predicts as one set and
+/// refreshed in full, which factorises every `D = I + P` again.
+#[test]
+fn a_kernel_changed_with_the_whitened_sites_held_is_a_full_refresh() {
+    let (l, second) = two_tasks(Likelihood::Bernoulli { link: Link::Probit });
+    let post = l.fitted().unwrap();
+    let theta = ThetaPosterior::around(post, l.likelihood(), 1.0).mean.map(|t| t - 0.4);
+    let (changed, _) = under(post, l.likelihood(), &theta).unwrap();
+    let mut refreshed = post.clone();
+    let scale = refreshed.kernel.prior_variance();
+    refreshed.kernel.set_log_params(theta.as_slice());
+    refreshed.follow_kernel_scale(scale);
+    refreshed.refresh().unwrap();
+    assert_ne!(changed.kernel, post.kernel);
+    assert_eq!(changed.kernel, refreshed.kernel);
+    let (a, b) = (changed.predict_f(second.x()), refreshed.predict_f(second.x()));
+    assert!((&a.mean - &b.mean).abs().max() < 1e-12 && (&a.var - &b.var).abs().max() < 1e-12);
+    assert_eq!(changed.q_u(0), refreshed.q_u(0));
+}
+
 #[test]
 fn the_theta_steps_objective_gradient_matches_finite_differences() {
     let (l, second) = two_tasks(Likelihood::Gaussian { variance: 0.07 });
@@ -122,16 +142,8 @@ fn the_theta_steps_objective_gradient_matches_finite_differences() {
         sd: DVector::from_fn(prior.mean.len(), |j, _| 0.1 + 0.05 * j as f64),
     };
     let (_, grad) = step.objective(&q).unwrap();
-    let p = q.mean.len();
-    let stacked = DVector::from_iterator(2 * p, q.mean.iter().chain(q.sd.map(f64::ln).iter()).copied());
-    let value_at = |x: &DVector<f64>| {
-        let q = ThetaPosterior {
-            mean: x.rows(0, p).into_owned(),
-            sd: x.rows(p, p).map(f64::exp),
-        };
-        step.objective(&q).unwrap().0
-    };
-    assert_matches_finite_differences(&grad, &stacked, value_at);
+    let value_at = |x: &DVector<f64>| step.objective(&ThetaPosterior::unstacked(x)).unwrap().0;
+    assert_matches_finite_differences(&grad, &q.stacked(), value_at);
 }
 
 #[test]

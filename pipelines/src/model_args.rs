@@ -243,8 +243,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub m_optimizer: Option<OptimizerName>,
     /// Adam steps or L-BFGS iterations per M-step round (osgpr: L-BFGS iterations per batch, default 100;
-    /// var-gp: L-BFGS iterations fitting θ on the first task, default 0: θ stays the starting kernel's;
-    /// offline: L-BFGS iterations of the whole fit, default 120).
+    /// var-gp: L-BFGS iterations of each task's step on q(θ), default 20, or of the first task's fit
+    /// with --var-gp-theta first-task; offline: L-BFGS iterations of the whole fit, default 120).
     #[arg(long)]
     pub m_steps: Option<usize>,
     /// Adam's learning rate.
@@ -310,7 +310,7 @@ pub struct Settings {
     /// `--e-lr` bound the natural-gradient steps for a non-Gaussian `q(b)`.
     pub osgpr: OsgprConfig,
     /// `--method var-gp`: `--inducing` a task, `--e-steps`/`--e-lr` each
-    /// task's E-step, `--m-steps`/`--m-rounds` the first task's fit of `θ`.
+    /// task's E-step, `--m-steps`/`--m-rounds` its learning of `θ`.
     pub var_gp: VarGpConfig,
     /// `--method offline`: `--m-steps` are the fit's L-BFGS iterations.
     pub offline: OfflineConfig,
@@ -924,12 +924,7 @@ mod tests {
     #[test]
     fn var_gp_learns_the_seeds_posterior_over_theta_unless_told_otherwise() {
         let theta = |args: &[&str]| settings(args).var_gp.theta;
-        let posterior = |f: fn(&mut ThetaConfig)| {
-            let mut config = ThetaConfig::default();
-            f(&mut config);
-            VarGpTheta::Posterior(config)
-        };
-        assert_eq!(theta(&[]), posterior(|_| {}));
+        assert_eq!(theta(&[]), VarGpTheta::Posterior(ThetaConfig::default()));
         assert_eq!(
             theta(&[
                 "--var-gp-beta",
@@ -945,7 +940,7 @@ mod tests {
                 "--seed",
                 "9"
             ]),
-            posterior(|c| *c = ThetaConfig {
+            VarGpTheta::Posterior(ThetaConfig {
                 prior_sd: 0.5,
                 beta: 3.0,
                 samples: 6,

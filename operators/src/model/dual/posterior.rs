@@ -328,6 +328,35 @@ impl DualPosterior {
         Ok(())
     }
 
+    /// Changes the kernel (by `change`) with the whitened sites held, as
+    /// VAR-GP's draws of `θ` hold them: `D = I + P`, its factor and `m_v`
+    /// do not depend on `K`, so only `K`'s factor and `w = L⁻ᵀm_v` are made
+    /// anew (a full [`refresh`](Self::refresh) factorises every `D` again).
+    pub fn change_kernel_holding_whitened(&mut self, change: impl FnOnce(&mut Kernel)) -> Result<()> {
+        let scale = self.kernel.prior_variance();
+        change(&mut self.kernel);
+        self.follow_kernel_scale(scale);
+        let chol_k = self.factor_k()?;
+        let Some(old) = self.factors.take() else {
+            return self.refresh_with(chol_k);
+        };
+        let l_t = chol_k.l().transpose();
+        let w = old
+            .m_v
+            .iter()
+            .map(|mean| l_t.solve_upper_triangular(mean).expect(POSITIVE_DIAGONAL))
+            .collect();
+        self.factors = Some(Factors {
+            chol_k,
+            chol_d: old.chol_d,
+            m_v: old.m_v,
+            w,
+            inverses: OnceLock::new(),
+            d_inv_halves: old.d_inv_halves,
+        });
+        Ok(())
+    }
+
     /// Keeps the jitter the same fraction of the prior variance after the
     /// kernel changed from one whose prior variance was `before`. A fixed
     /// jitter under a variance grown by 10⁴ leaves `K` conditioned 10⁴ times

@@ -62,12 +62,13 @@ impl ThetaPosterior {
     }
 
     /// `(mean, log sd)` stacked: the coordinates the θ step climbs in.
-    fn stacked(&self) -> DVector<f64> {
+    pub fn stacked(&self) -> DVector<f64> {
         let log_sd = self.sd.map(f64::ln);
         DVector::from_iterator(2 * self.mean.len(), self.mean.iter().chain(log_sd.iter()).copied())
     }
 
-    fn unstacked(x: &DVector<f64>) -> Self {
+    /// The inverse of [`stacked`](Self::stacked).
+    pub fn unstacked(x: &DVector<f64>) -> Self {
         let p = x.len() / 2;
         ThetaPosterior {
             mean: x.rows(0, p).into_owned(),
@@ -112,10 +113,7 @@ pub fn under(
     theta: &DVector<f64>,
 ) -> Result<(DualPosterior, Likelihood)> {
     let (mut post, mut likelihood) = (post.clone(), likelihood.clone());
-    let scale = post.kernel.prior_variance();
-    set_hyperparameters(&mut post.kernel, &mut likelihood, theta);
-    post.follow_kernel_scale(scale);
-    post.refresh()?;
+    post.change_kernel_holding_whitened(|kernel| set_hyperparameters(kernel, &mut likelihood, theta))?;
     Ok((post, likelihood))
 }
 
