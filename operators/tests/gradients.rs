@@ -226,7 +226,7 @@ fn check_with_q_held(
         let sites = message.map_or_else(|| vec![Sites::zeros(post.m()); post.n_latent()], |m| m.whitened(post));
         let mut o = DataTerms::new(post, lik, &data, &post.cross(data.x()), None, true).finish(post, lik, Some(&sites));
         if let Some(m) = message {
-            let term = m.conditional_term(post, with_z);
+            let term = m.conditional_term(post, &m.seen_from(post), with_z);
             o.value += term.value;
             let mut kernel_part = o.grad.rows_mut(0, term.grad.len());
             kernel_part += &term.grad;

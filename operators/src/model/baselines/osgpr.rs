@@ -47,7 +47,7 @@ use crate::model::error::{ModelError, Result};
 use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::inducing::{pivoted_cholesky, select_inducing, Pivot};
-use crate::model::math::kernel::Kernel;
+use crate::model::math::kernel::{Kernel, Rows};
 use crate::model::math::linalg::{
     cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed,
 };
@@ -745,16 +745,15 @@ impl<'a> Online<'a> {
     /// `∂F/∂ log θ` of the kernel and `∂F/∂b` from the gradients in the kernel matrices.
     fn chain_rule(&self, grads: &Grads) -> (DVector<f64>, DMatrix<f64>) {
         let (kernel, z, x) = (self.kernel, self.z, self.data.x());
-        let mut theta = kernel.matrix_grad(z, z, &grads.bb);
-        theta += kernel.matrix_grad(z, x, &grads.bf);
-        theta += kernel.diag_grad(x, &grads.diag);
-        let mut grad_z = kernel.input_grad(z, z, &grads.bb)
-            + kernel.input_grad(z, z, &grads.bb.transpose())
-            + kernel.input_grad(z, x, &grads.bf);
+        // K(b, b) is symmetric: θ sees half of G + Gᵀ, and b, both its inputs, all of it.
+        let (theta_bb, grad_bb) = kernel.grads(z, z, &(&grads.bb + grads.bb.transpose()), Rows::OfA);
+        let (theta_bf, grad_bf) = kernel.grads(z, x, &grads.bf, Rows::OfA);
+        let mut theta = 0.5 * theta_bb + theta_bf + kernel.diag_grad(x, &grads.diag);
+        let mut grad_z = grad_bb.expect("asked for") + grad_bf.expect("asked for");
         if let Some(old) = self.old {
-            theta += kernel.matrix_grad(&old.z, z, &grads.ab);
-            theta += kernel.matrix_grad(&old.z, &old.z, &grads.aa);
-            grad_z += kernel.input_grad(z, &old.z, &grads.ab.transpose());
+            let (theta_ab, grad_ab) = kernel.grads(&old.z, z, &grads.ab, Rows::OfB);
+            theta += theta_ab + kernel.matrix_grad(&old.z, &old.z, &grads.aa);
+            grad_z += grad_ab.expect("asked for");
         }
         (theta, grad_z)
     }

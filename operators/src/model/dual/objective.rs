@@ -13,7 +13,7 @@ use crate::model::data::Data;
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
-use crate::model::math::kernel::Kernel;
+use crate::model::math::kernel::{Kernel, Rows};
 use crate::model::math::linalg::gram_of_scaled;
 
 /// `F(θ)` and `∂F/∂ log θ`.
@@ -193,8 +193,10 @@ impl DataTerms {
             terms.gram_d_var[c] = gram_of_scaled(&kzx_b, &cross.kzx);
         }
         let kernel = &post.kernel;
-        terms.kernel_grad = kernel.matrix_grad(&post.z, data.x(), &g_kzx) + kernel.diag_grad(data.x(), &g_diag);
-        terms.grad_z = with_z.then(|| kernel.input_grad(&post.z, data.x(), &g_kzx));
+        let rows = if with_z { Rows::OfA } else { Rows::Neither };
+        let (kernel_grad, grad_z) = kernel.grads(&post.z, data.x(), &g_kzx, rows);
+        terms.kernel_grad = kernel_grad + kernel.diag_grad(data.x(), &g_diag);
+        terms.grad_z = grad_z;
         terms
     }
 
@@ -271,13 +273,16 @@ impl DataTerms {
                 + (&r_inv_k * w) * w.transpose()
                 + 0.5 * k_inv;
         }
+        // K(Z, Z) is symmetric: θ sees half of G + Gᵀ, and Z, both its inputs, all of it.
+        let rows = if self.grad_z.is_some() {
+            Rows::OfA
+        } else {
+            Rows::Neither
+        };
         let kernel = &post.kernel;
-        let kernel_grad =
-            self.kernel_grad + kernel.matrix_grad(&post.z, &post.z, &g_k) + post.jitter_grad() * g_k.trace();
-        let grad_z = self.grad_z.map(|g| {
-            // Z is both inputs of K(Z, Z): the rows see `G` and `Gᵀ` alike.
-            g + kernel.input_grad(&post.z, &post.z, &(&g_k + g_k.transpose()))
-        });
+        let (theta_k, input_k) = kernel.grads(&post.z, &post.z, &(&g_k + g_k.transpose()), rows);
+        let kernel_grad = self.kernel_grad + 0.5 * theta_k + post.jitter_grad() * g_k.trace();
+        let grad_z = self.grad_z.zip(input_k).map(|(g, input)| g + input);
         let mut grad = DVector::zeros(kernel.n_params() + likelihood.n_params());
         grad.rows_mut(0, kernel.n_params()).copy_from(&kernel_grad);
         grad.rows_mut(kernel.n_params(), likelihood.n_params())

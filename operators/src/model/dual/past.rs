@@ -8,9 +8,8 @@
 use nalgebra::{DMatrix, DVector};
 
 use crate::model::dual::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
-use crate::model::math::linalg::{
-    solve_lower_in_place, solve_lower_matrix_in_place, solve_lower_transposed_matrix_in_place, symmetrize, transposed,
-};
+use crate::model::math::kernel::Rows;
+use crate::model::math::linalg::{solve_lower_transposed_matrix_in_place, symmetrize, transposed};
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
 /// Cholesky factor `L₀` of the `K₀` it was formed under (`η̃₁ = L₀ᵀη₁ =
@@ -60,15 +59,26 @@ impl PastMessage {
         self
     }
 
+    /// How `post` sees the message: `K(Z_a, Z)` and `T` under its kernel and `Z`.
+    pub fn seen_from(&self, post: &DualPosterior) -> Seen {
+        let cross = post.inducing_cross(&self.z, &post.z);
+        let t = keeping_message(&self.l0, &cross, &post.factors().chol_k);
+        Seen { cross, t }
+    }
+
     /// Its sites over `post`'s `Z` under `post`'s kernel, whitened:
     /// `(Tη̃₁, Tη̃₂Tᵀ)` with `T = L⁻¹K(Z, Z_a)L₀⁻ᵀ` ([`keeping_message`]).
     pub fn whitened(&self, post: &DualPosterior) -> Vec<Sites> {
-        let t = keeping_message(&self.l0, &post.inducing_cross(&self.z, &post.z), &post.factors().chol_k);
+        self.whitened_as(&self.seen_from(post))
+    }
+
+    /// [`whitened`](Self::whitened), as `seen` from the posterior.
+    pub fn whitened_as(&self, seen: &Seen) -> Vec<Sites> {
         self.eta
             .iter()
             .map(|eta| {
                 let mut sites = eta.clone();
-                sites.transform(&t);
+                sites.transform(&seen.t);
                 sites
             })
             .collect()
@@ -79,8 +89,9 @@ impl PastMessage {
     /// `W = L₀⁻¹K_aaL₀⁻ᵀ − GGᵀ`, `G = L₀⁻¹K_auL⁻ᵀ`), and the gradient of the
     /// whole `E_q[log t(u_a)]` with `q(u)` held: in the kernel's log-parameters,
     /// and in `Z` if `with_z`. Zero while `Z` is where the message was formed
-    /// and stays there: the sites carry it all.
-    pub fn conditional_term(&self, post: &DualPosterior, with_z: bool) -> ConditionalTerm {
+    /// and stays there: the sites carry it all. `seen` is how `post` sees the
+    /// message ([`seen_from`](Self::seen_from)).
+    pub fn conditional_term(&self, post: &DualPosterior, seen: &Seen, with_z: bool) -> ConditionalTerm {
         let mut grad = DVector::zeros(post.kernel.n_params());
         if self.z == post.z && !with_z {
             return ConditionalTerm {
@@ -90,20 +101,13 @@ impl PastMessage {
             };
         }
         let factors = post.factors();
-        let cross = post.inducing_cross(&self.z, &post.z);
+        let Seen { cross, t } = seen;
         let mut k_aa = post.kernel.matrix(&self.z, &self.z);
         for i in 0..k_aa.nrows() {
             k_aa[(i, i)] += post.jitter;
         }
-        let whiten_a = |m: &DMatrix<f64>| {
-            let mut m = m.clone();
-            solve_lower_matrix_in_place(&self.l0, &mut m);
-            m
-        };
-        let mut g = whiten_a(&cross).transpose();
-        solve_lower_in_place(&factors.chol_k, &mut g);
-        let g = g.transpose();
-        let w = whiten_a(&whiten_a(&k_aa).transpose()) - &g * g.transpose();
+        // G = L₀⁻¹K_auL⁻ᵀ = Tᵀ, and tr(η̃₂L₀⁻¹K_aaL₀⁻ᵀ) = tr(η₂K_aa).
+        let g_gt = transposed(t) * t;
         let k_inv = factors.k_inv();
         let (mut g_ab, mut g_aa, mut g_bb) = (
             DMatrix::zeros(cross.nrows(), cross.ncols()),
@@ -112,14 +116,14 @@ impl PastMessage {
         );
         let mut value = 0.0;
         for (c, (eta, eta_u)) in self.eta.iter().zip(&self.eta_u).enumerate() {
-            value -= 0.5 * eta.lambda.component_mul(&w).sum();
+            value -= 0.5 * (eta_u.lambda.dot(&k_aa) - eta.lambda.dot(&g_gt));
             // Over u: l = K_uaη₁, Λ = K_uaη₂K_au.
             let (eta1, eta2) = (&eta_u.l, &eta_u.lambda);
             let (w_c, r_inv) = (&factors.w[c], factors.r_inv(c));
             let l = cross.tr_mul(eta1);
-            let eta2_cross = eta2 * &cross;
+            let eta2_cross = eta2 * cross;
             // As one matrix product: nalgebra's `tr_mul` takes a dot product per entry.
-            let lambda = transposed(&cross) * &eta2_cross;
+            let lambda = transposed(cross) * &eta2_cross;
             // E = η₁ᵀK_auw − ½wᵀΛw − ½tr(ΛR⁻¹) − ½tr(η₂K_aa) + ½tr(η₂K_auK⁻¹K_ua), with
             // w = K⁻¹μ and R⁻¹ = K⁻¹SK⁻¹ following K as q(u) = N(μ, S) is held.
             let outer = w_c * w_c.transpose() + r_inv - k_inv;
@@ -139,17 +143,28 @@ impl PastMessage {
                 .iter()
                 .map(|&ij| g_ab[ij])
                 .sum::<f64>();
-        grad += kernel.matrix_grad(&self.z, &post.z, &g_ab)
-            + kernel.matrix_grad(&self.z, &self.z, &g_aa)
-            + kernel.matrix_grad(&post.z, &post.z, &g_bb)
-            + post.jitter_grad() * on_jitter;
-        // Z enters K_au as its second input and K on both sides.
-        let grad_z = with_z.then(|| {
-            kernel.input_grad(&post.z, &self.z, &g_ab.transpose())
-                + kernel.input_grad(&post.z, &post.z, &(&g_bb + g_bb.transpose()))
-        });
+        // Z enters K_au as its second input and K on both sides (θ sees half of G + Gᵀ there).
+        let (ab, bb) = if with_z {
+            (Rows::OfB, Rows::OfA)
+        } else {
+            (Rows::Neither, Rows::Neither)
+        };
+        let (theta_ab, z_ab) = kernel.grads(&self.z, &post.z, &g_ab, ab);
+        let (theta_bb, z_bb) = kernel.grads(&post.z, &post.z, &(&g_bb + g_bb.transpose()), bb);
+        grad +=
+            theta_ab + kernel.matrix_grad(&self.z, &self.z, &g_aa) + 0.5 * theta_bb + post.jitter_grad() * on_jitter;
+        let grad_z = z_ab.zip(z_bb).map(|(ab, bb)| ab + bb);
         ConditionalTerm { value, grad, grad_z }
     }
+}
+
+/// A [`PastMessage`] as a posterior sees it: `K(Z_a, Z)` and `T =
+/// L⁻¹K(Z, Z_a)L₀⁻ᵀ` under its kernel and `Z`. The message's sites and its
+/// conditional term both need them: made once for each `θ` an M-step tries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    cross: DMatrix<f64>,
+    t: DMatrix<f64>,
 }
 
 /// [`PastMessage::conditional_term`]: its value and gradients.

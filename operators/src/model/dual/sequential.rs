@@ -17,7 +17,7 @@ use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
-use crate::model::dual::past::PastMessage;
+use crate::model::dual::past::{ConditionalTerm, PastMessage, Seen};
 use crate::model::dual::point::PointId;
 use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
 use crate::model::dual::shard::{Answer, Partition, Query, Shard};
@@ -751,7 +751,8 @@ impl SequentialLearner {
         for (sites, here) in sites.iter_mut().zip(&here) {
             sites.add(here, -1.0);
         }
-        Ok(Past { messages, sites })
+        let seen = messages.iter().map(|m| m.seen_from(post)).collect();
+        Ok(Past { messages, seen, sites })
     }
 
     /// Where the M-step stands: `θ`, then `Z` by columns if it learns them.
@@ -791,10 +792,25 @@ impl SequentialLearner {
             Answer::Terms(terms) => terms.total(),
             other => return Err(unexpected("M-step terms", &other)),
         };
-        let post = self.require()?;
-        let mut objective = terms.finish(post, &self.likelihood, past.map(|p| p.sites.as_slice()));
-        for message in past.iter().flat_map(|p| &p.messages) {
-            let term = message.conditional_term(post, with_z);
+        let (post, likelihood) = (self.require()?, &self.likelihood);
+        let finish = || terms.finish(post, likelihood, past.map(|p| p.sites.as_slice()));
+        let conditional = |past: &Past| -> Vec<ConditionalTerm> {
+            (past.messages.iter().zip(&past.seen))
+                .map(|(message, seen)| message.conditional_term(post, seen, with_z))
+                .collect()
+        };
+        // The messages' conditional terms on a thread of their own beside the
+        // rest: the shards wait for both, so their cores are free meanwhile.
+        let (mut objective, conditional) = match past {
+            None => (finish(), Vec::new()),
+            Some(past) => std::thread::scope(|scope| {
+                let terms = scope.spawn(|| conditional(past));
+                let objective = finish();
+                let terms = terms.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (objective, terms)
+            }),
+        };
+        for term in conditional {
             objective.value += term.value;
             let mut kernel_part = objective.grad.rows_mut(0, term.grad.len());
             kernel_part += &term.grad;
@@ -955,17 +971,24 @@ fn move_to<'a>(
     }
 }
 
-/// Past data's messages during an M-step, and the (whitened) sites they have
-/// in the totals under the current `θ`.
+/// Past data's messages during an M-step, how the current `θ` sees them,
+/// and the (whitened) sites they have in the totals under it.
 struct Past {
     messages: Vec<PastMessage>,
+    seen: Vec<Seen>,
     sites: Vec<Sites>,
 }
 
 impl Past {
-    /// The messages' sites under `post`'s kernel and `Z`, whitened.
-    fn whitened(&self, post: &DualPosterior) -> Vec<Sites> {
-        let mut parts = self.messages.iter().map(|m| m.whitened(post));
+    /// The messages' sites under `post`'s kernel and `Z`, whitened; from now
+    /// on the messages are seen from `post`.
+    fn whitened(&mut self, post: &DualPosterior) -> Vec<Sites> {
+        self.seen = self.messages.iter().map(|m| m.seen_from(post)).collect();
+        let mut parts = self
+            .messages
+            .iter()
+            .zip(&self.seen)
+            .map(|(m, seen)| m.whitened_as(seen));
         let mut sum = parts.next().expect("a past holds at least one message");
         for part in parts {
             for (s, p) in sum.iter_mut().zip(&part) {

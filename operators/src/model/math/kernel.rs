@@ -49,6 +49,15 @@ pub enum Kernel {
     Product(Vec<Kernel>),
 }
 
+/// Whose rows an input gradient is wanted for, beside the log-parameters'
+/// (see [`Kernel::grads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    Neither,
+    OfA,
+    OfB,
+}
+
 impl Kernel {
     pub fn stationary(family: Family, variance: f64, lengthscales: Vec<f64>) -> Self {
         Kernel::Stationary(Stationary {
@@ -227,54 +236,74 @@ impl Kernel {
 
     /// `Σ_ij G_ij ∂K(A,B)_ij / ∂ log θ` for every log-parameter θ.
     pub fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
-        assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
-        assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
-        match self {
-            Kernel::Stationary(s) => s.matrix_grad(a, b, g),
-            Kernel::Constant { variance } => DVector::from_element(1, variance * g.sum()),
-            // ∂K/∂log σ² = K.
-            Kernel::Linear { .. } => DVector::from_element(1, self.matrix(a, b).dot(g)),
-            Kernel::Sum(parts) => concat(parts.iter().map(|part| part.matrix_grad(a, b, g))),
-            Kernel::Product(parts) => {
-                let factors: Vec<_> = parts.iter().map(|part| part.matrix(a, b)).collect();
-                concat(parts.iter().enumerate().map(|(p, part)| {
-                    // Product rule: this factor sees G times every other factor.
-                    let mut gp = g.clone();
-                    for (_, other) in factors.iter().enumerate().filter(|&(q, _)| q != p) {
-                        gp.component_mul_assign(other);
-                    }
-                    part.matrix_grad(a, b, &gp)
-                }))
-            }
-        }
+        self.grads(a, b, g, Rows::Neither).0
     }
 
     /// `Σ_j G_ij ∂k(a_i, b_j) / ∂a_i`, `|A| × d`: the gradient with respect to
     /// the rows of `A` (for moving inducing inputs). For `K(Z, Z)` add the same
     /// with `Gᵀ`, since every kernel here is symmetric.
     pub fn input_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DMatrix<f64> {
+        self.grads(a, b, g, Rows::OfA).1.expect("asked for")
+    }
+
+    /// [`matrix_grad`](Self::matrix_grad) and, if asked, the gradient with
+    /// respect to the rows of `A` ([`input_grad`](Self::input_grad)) or of `B`
+    /// (`input_grad(B, A, Gᵀ)`) in one pass: a stationary kernel's distances,
+    /// profiles and product with the inputs are made once for both.
+    pub fn grads(
+        &self,
+        a: &DMatrix<f64>,
+        b: &DMatrix<f64>,
+        g: &DMatrix<f64>,
+        rows: Rows,
+    ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
         assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
+        let zeros = || match rows {
+            Rows::Neither => None,
+            Rows::OfA => Some(DMatrix::zeros(a.nrows(), a.ncols())),
+            Rows::OfB => Some(DMatrix::zeros(b.nrows(), b.ncols())),
+        };
         match self {
-            Kernel::Stationary(s) => s.input_grad(a, b, g),
-            Kernel::Constant { .. } => DMatrix::zeros(a.nrows(), a.ncols()),
-            // ∂(σ² a_iᵀb_j)/∂a_i = σ² b_j.
-            Kernel::Linear { variance } => *variance * g * b,
-            Kernel::Sum(parts) => parts
-                .iter()
-                .map(|part| part.input_grad(a, b, g))
-                .fold(DMatrix::zeros(a.nrows(), a.ncols()), |acc, x| acc + x),
+            Kernel::Stationary(s) => s.grads(a, b, g, rows),
+            Kernel::Constant { variance } => (DVector::from_element(1, variance * g.sum()), zeros()),
+            // ∂K/∂log σ² = K; ∂(σ² a_iᵀb_j)/∂a_i = σ² b_j.
+            Kernel::Linear { variance } => {
+                let theta = DVector::from_element(1, self.matrix(a, b).dot(g));
+                let input = match rows {
+                    Rows::Neither => None,
+                    Rows::OfA => Some(*variance * g * b),
+                    Rows::OfB => Some(*variance * g.transpose() * a),
+                };
+                (theta, input)
+            }
+            Kernel::Sum(parts) => {
+                let mut input = zeros();
+                let theta = concat(parts.iter().map(|part| {
+                    let (theta, part_input) = part.grads(a, b, g, rows);
+                    if let (Some(total), Some(part)) = (input.as_mut(), part_input) {
+                        *total += part;
+                    }
+                    theta
+                }));
+                (theta, input)
+            }
             Kernel::Product(parts) => {
                 let factors: Vec<_> = parts.iter().map(|part| part.matrix(a, b)).collect();
-                let mut out = DMatrix::zeros(a.nrows(), a.ncols());
-                for (p, part) in parts.iter().enumerate() {
+                let mut input = zeros();
+                let theta = concat(parts.iter().enumerate().map(|(p, part)| {
+                    // Product rule: this factor sees G times every other factor.
                     let mut gp = g.clone();
                     for (_, other) in factors.iter().enumerate().filter(|&(q, _)| q != p) {
                         gp.component_mul_assign(other);
                     }
-                    out += part.input_grad(a, b, &gp);
-                }
-                out
+                    let (theta, part_input) = part.grads(a, b, &gp, rows);
+                    if let (Some(total), Some(part)) = (input.as_mut(), part_input) {
+                        *total += part;
+                    }
+                    theta
+                }));
+                (theta, input)
             }
         }
     }
@@ -435,7 +464,7 @@ fn chunked(
 
 impl Stationary {
     fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-        let mut k = self.scaled_sq_dist(a, b);
+        let mut k = self.scaled_sq_dist(a, b, None);
         self.family.profiles(k.as_mut_slice(), None);
         k *= self.variance;
         k
@@ -443,64 +472,100 @@ impl Stationary {
 
     /// `r²_ij = Σ_k (a_ik − b_jk)²/ℓ_k²`. One lengthscale divides the plain
     /// squared distances, without scaled copies of the inputs (at 784 pixels
-    /// those copies, made at every call, were most of the kernel's time).
-    fn scaled_sq_dist(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-        if let [l] = self.lengthscales[..] {
-            sq_dist_matrix(a, b) / (l * l)
-        } else {
-            let (a_s, b_s) = self.scaled(a, b);
-            sq_dist_matrix(&a_s, &b_s)
+    /// those copies, made at every call, were most of the kernel's time); ARD
+    /// takes `scaled` copies if the caller has them.
+    fn scaled_sq_dist(
+        &self,
+        a: &DMatrix<f64>,
+        b: &DMatrix<f64>,
+        scaled: Option<&(DMatrix<f64>, DMatrix<f64>)>,
+    ) -> DMatrix<f64> {
+        match (&self.lengthscales[..], scaled) {
+            ([l], _) => sq_dist_matrix(a, b) / (l * l),
+            (_, Some((a_s, b_s))) => sq_dist_matrix(a_s, b_s),
+            (_, None) => {
+                let (a_s, b_s) = self.scaled(a, b);
+                sq_dist_matrix(&a_s, &b_s)
+            }
         }
     }
 
     /// `∂K/∂log σ² = K`, and `∂K/∂log ℓ_k = σ² f'(r²) · (−2 Δ_k²/ℓ_k²)`,
-    /// summed with weights `G`.
-    fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
+    /// summed with weights `G`; with `rows`, `∂k(a_i, b_j)/∂a_ik = σ² f'(r²) ·
+    /// 2 (a_ik − b_jk)/ℓ_k²` summed over j (`W = G ∘ f'(R²)`: `diag(W1) A − W B`),
+    /// or the same for `B` (`diag(Wᵀ1) B − Wᵀ A`).
+    fn grads(
+        &self,
+        a: &DMatrix<f64>,
+        b: &DMatrix<f64>,
+        g: &DMatrix<f64>,
+        rows: Rows,
+    ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         let mut grad = DVector::zeros(1 + self.lengthscales.len());
         if a.nrows() == 0 || b.nrows() == 0 {
-            return grad;
+            let input = match rows {
+                Rows::Neither => None,
+                Rows::OfA => Some(DMatrix::zeros(a.nrows(), a.ncols())),
+                Rows::OfB => Some(DMatrix::zeros(b.nrows(), b.ncols())),
+            };
+            return (grad, input);
         }
-        let r2 = self.scaled_sq_dist(a, b);
+        // One lengthscale divides the plain distances; ARD scales the inputs
+        // (`Δ` in scaled units is `Δ_k/ℓ_k`).
+        let scaled = match self.lengthscales[..] {
+            [_] => None,
+            _ => Some(self.scaled(a, b)),
+        };
+        let (a_u, b_u) = scaled.as_ref().map_or((a, b), |(a_s, b_s)| (a_s, b_s));
+        let r2 = self.scaled_sq_dist(a, b, scaled.as_ref());
         let mut f = r2.clone();
         let mut w = DMatrix::zeros(a.nrows(), b.nrows()); // G ∘ f'(R²)
         self.family.profiles(f.as_mut_slice(), Some(w.as_mut_slice()));
         w.component_mul_assign(g);
         grad[0] = self.variance * f.dot(g);
-        if self.lengthscales.len() == 1 {
+        // W B, or Wᵀ A for the rows of B: the input gradient's product and the ARD sums' alike.
+        let product = match rows {
+            Rows::OfB => Some(w.tr_mul(a_u)),
+            Rows::OfA => Some(&w * b_u),
+            Rows::Neither => None,
+        };
+        match self.lengthscales[..] {
             // Σ_k Δ_k²/ℓ² is r² itself.
-            grad[1] = -2.0 * self.variance * w.dot(&r2);
-        } else {
-            let (a_s, b_s) = self.scaled(a, b);
-            for (gk, sum) in grad.iter_mut().skip(1).zip(weighted_sq_diffs(&a_s, &b_s, &w)) {
-                *gk = -2.0 * self.variance * sum;
+            [_] => grad[1] = -2.0 * self.variance * w.dot(&r2),
+            _ => {
+                // Σ_ij W_ij a_ik b_jk, from whichever product there is.
+                let cross: Vec<f64> = match (rows, &product) {
+                    (Rows::OfB, Some(wt_a)) => dots(b_u, wt_a),
+                    (_, Some(wb)) => dots(a_u, wb),
+                    (_, None) => dots(a_u, &(&w * b_u)),
+                };
+                let sums = weighted_sq_diffs(a_u, b_u, &w, &cross);
+                for (gk, sum) in grad.iter_mut().skip(1).zip(sums) {
+                    *gk = -2.0 * self.variance * sum;
+                }
             }
         }
-        grad
-    }
-
-    /// `∂k(a_i, b_j)/∂a_ik = σ² f'(r²) · 2 (a_ik − b_jk)/ℓ_k²`, summed over j with
-    /// weights G: with `W = G ∘ f'(R²)`, `diag(W1) A − W B` in scaled units.
-    fn input_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DMatrix<f64> {
-        if a.nrows() == 0 || b.nrows() == 0 {
-            return DMatrix::zeros(a.nrows(), a.ncols());
-        }
-        let (a_s, b_s) = self.scaled(a, b);
-        let mut f = sq_dist_matrix(&a_s, &b_s);
-        let mut w = DMatrix::zeros(a.nrows(), b.nrows());
-        self.family.profiles(f.as_mut_slice(), Some(w.as_mut_slice()));
-        w.component_mul_assign(g);
-        let row_sums = w.column_sum();
-        let mut out = a_s;
-        for mut col in out.column_iter_mut() {
-            col.component_mul_assign(&row_sums);
-        }
-        out.gemm(-1.0, &w, &b_s, 1.0);
-        // Δ in scaled units is Δ/ℓ_k: one more 1/ℓ_k gives Δ/ℓ_k².
-        for (k, mut col) in out.column_iter_mut().enumerate() {
-            let l = self.lengthscales[if self.lengthscales.len() == 1 { 0 } else { k }];
-            col *= 2.0 * self.variance / l;
-        }
-        out
+        let input = product.map(|product| {
+            let (own, sums) = match rows {
+                Rows::OfB => (b_u, w.row_sum_tr()),
+                _ => (a_u, w.column_sum()),
+            };
+            let mut out = own.clone();
+            for mut col in out.column_iter_mut() {
+                col.component_mul_assign(&sums);
+            }
+            out -= product;
+            // One more 1/ℓ_k turns scaled units into Δ/ℓ_k²; unscaled, 1/ℓ².
+            for (k, mut col) in out.column_iter_mut().enumerate() {
+                let l = match self.lengthscales[..] {
+                    [l] => l * l,
+                    _ => self.lengthscales[k],
+                };
+                col *= 2.0 * self.variance / l;
+            }
+            out
+        });
+        (grad, input)
     }
 
     /// Both inputs with column k divided by ℓ_k, so r² is a plain squared distance.
@@ -575,16 +640,20 @@ fn row_sq_norms(x: &DMatrix<f64>) -> DVector<f64> {
 }
 
 /// `Σ_ij W_ij (a_ik − b_jk)²` for every input k, expanded into
-/// `Σ_i a_ik² (W1)_i − 2 Σ_i a_ik (WB)_ik + Σ_j b_jk² (Wᵀ1)_j`: one matrix product.
-fn weighted_sq_diffs(a: &DMatrix<f64>, b: &DMatrix<f64>, w: &DMatrix<f64>) -> Vec<f64> {
+/// `Σ_i a_ik² (W1)_i − 2 cross_k + Σ_j b_jk² (Wᵀ1)_j` with `cross_k = Σ_ij W_ij a_ik b_jk`.
+fn weighted_sq_diffs(a: &DMatrix<f64>, b: &DMatrix<f64>, w: &DMatrix<f64>, cross: &[f64]) -> Vec<f64> {
     let (row_sums, col_sums) = (w.column_sum(), w.row_sum_tr());
-    let wb = w * b;
     (0..a.ncols())
         .map(|k| {
             let (ak, bk) = (a.column(k), b.column(k));
-            ak.component_mul(&ak).dot(&row_sums) - 2.0 * ak.dot(&wb.column(k)) + bk.component_mul(&bk).dot(&col_sums)
+            ak.component_mul(&ak).dot(&row_sums) - 2.0 * cross[k] + bk.component_mul(&bk).dot(&col_sums)
         })
         .collect()
+}
+
+/// The dot products of `x`'s and `y`'s columns, one per column.
+fn dots(x: &DMatrix<f64>, y: &DMatrix<f64>) -> Vec<f64> {
+    x.column_iter().zip(y.column_iter()).map(|(x, y)| x.dot(&y)).collect()
 }
 
 fn concat(grads: impl Iterator<Item = DVector<f64>>) -> DVector<f64> {
@@ -763,6 +832,43 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn one_pass_gives_the_parameter_and_either_inputs_gradient() {
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let (a, b) = inputs(&mut rng);
+        // Off each other's rows: Matérn-1/2 has a kink where points coincide.
+        let b = b.map(|v| v - 0.017);
+        let g = random_matrix(&mut rng, a.nrows(), b.nrows(), -1.0, 1.0);
+        let h = 1e-6;
+        for kernel in all_kernels() {
+            let value = |a: &DMatrix<f64>, b: &DMatrix<f64>| kernel.matrix(a, b).component_mul(&g).sum();
+            for (rows, moved) in [(Rows::OfA, &a), (Rows::OfB, &b)] {
+                let (theta, input) = kernel.grads(&a, &b, &g, rows);
+                let numeric = finite_diff(&kernel, |k| k.matrix(&a, &b).component_mul(&g).sum());
+                assert_grad_close(&kernel, &theta, &numeric, &format!("{kernel:?} {rows:?}"));
+                let input = input.expect("asked for");
+                for i in 0..moved.nrows() {
+                    for k in 0..moved.ncols() {
+                        let (mut plus, mut minus) = (moved.clone(), moved.clone());
+                        plus[(i, k)] += h;
+                        minus[(i, k)] -= h;
+                        let numeric = match rows {
+                            Rows::OfA => (value(&plus, &b) - value(&minus, &b)) / (2.0 * h),
+                            _ => (value(&a, &plus) - value(&a, &minus)) / (2.0 * h),
+                        };
+                        let err = (input[(i, k)] - numeric).abs() / numeric.abs().max(1e-6);
+                        assert!(
+                            err < 1e-5,
+                            "{kernel:?} {rows:?} [{i},{k}]: {} vs {numeric}",
+                            input[(i, k)]
+                        );
+                    }
+                }
+            }
+            assert!(kernel.grads(&a, &b, &g, Rows::Neither).1.is_none());
         }
     }
 
