@@ -13,7 +13,7 @@ use crate::model::data::Data;
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
-use crate::model::math::kernel::{Kernel, Rows};
+use crate::model::math::kernel::{Kernel, Profile, Rows};
 use crate::model::math::linalg::gram_of_scaled;
 
 /// `F(θ)` and `∂F/∂ log θ`.
@@ -83,7 +83,9 @@ pub fn m_step_objective(
             });
         }
     }
-    let terms = DataTerms::new(post, likelihood, data, &post.cross(data.x()), weights, true);
+    let (kzx, profile) = post.kernel.matrix_with_profile(&post.z, data.x());
+    let cross = post.cross_of(kzx, data.x());
+    let terms = DataTerms::new(post, likelihood, data, (&cross, profile.as_ref()), weights, true);
     Ok(terms.finish(post, likelihood, None))
 }
 
@@ -140,13 +142,14 @@ impl DataTerms {
     }
 
     /// The terms of the points of `data` (already checked), whose kernel
-    /// quantities under the posterior's current `θ` and `Z` are `cross`;
+    /// quantities under the posterior's current `θ` and `Z` are `cross`, with
+    /// the kernel's profile if it was kept;
     /// `∂F/∂Z` only `with_z` (learners that place `Z` otherwise skip it).
     pub fn new(
         post: &DualPosterior,
         likelihood: &Likelihood,
         data: &Data,
-        cross: &Cross,
+        (cross, profile): (&Cross, Option<&Profile>),
         weights: Option<&[f64]>,
         with_z: bool,
     ) -> Self {
@@ -194,7 +197,7 @@ impl DataTerms {
         }
         let kernel = &post.kernel;
         let rows = if with_z { Rows::OfA } else { Rows::Neither };
-        let (kernel_grad, grad_z) = kernel.grads(&post.z, data.x(), &g_kzx, rows);
+        let (kernel_grad, grad_z) = kernel.grads_from(&post.z, data.x(), &g_kzx, rows, profile);
         terms.kernel_grad = kernel_grad + kernel.diag_grad(data.x(), &g_diag);
         terms.grad_z = grad_z;
         terms

@@ -462,7 +462,11 @@ impl DualPosterior {
 
     /// `K(Z, X)`, its whitened columns and the residual prior variance at `x`.
     pub fn cross(&self, x: &DMatrix<f64>) -> Cross {
-        let kzx = self.kernel.matrix(&self.z, x);
+        self.cross_of(self.kernel.matrix(&self.z, x), x)
+    }
+
+    /// [`cross`](Self::cross) from `K(Z, X)` made already.
+    pub fn cross_of(&self, kzx: DMatrix<f64>, x: &DMatrix<f64>) -> Cross {
         let a = self.whiten(&kzx);
         let residual_var = self.kernel.diag(x) - column_sq_norms(&a);
         Cross { kzx, a, residual_var }

@@ -27,7 +27,7 @@ use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::{ControlVariate, Drift};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::likelihood::Expectation;
-use crate::model::math::kernel::Kernel;
+use crate::model::math::kernel::{Kernel, Profile};
 
 /// How many blocks the points are summed in. Up to this many workers share
 /// the work; more would idle. Few enough that a block's `m × m × n` products
@@ -383,10 +383,12 @@ struct Block {
 }
 
 /// Kernel columns of some points and what they depend on (kernel, `Z`,
-/// jitter): the same dependencies, the same columns.
+/// jitter): the same dependencies, the same columns. With them the kernel's
+/// profile, which an M-step's gradient under the same `θ` starts from.
 #[derive(Debug, Clone)]
 struct Columns {
     cross: Cross,
+    profile: Option<Profile>,
     kernel: Kernel,
     z: DMatrix<f64>,
     jitter: f64,
@@ -394,8 +396,10 @@ struct Columns {
 
 impl Columns {
     fn under(post: &DualPosterior, x: &DMatrix<f64>) -> Self {
+        let (kzx, profile) = post.kernel.matrix_with_profile(&post.z, x);
         Columns {
-            cross: post.cross(x),
+            cross: post.cross_of(kzx, x),
+            profile,
             kernel: post.kernel.clone(),
             z: post.z.clone(),
             jitter: post.jitter,
@@ -498,10 +502,10 @@ impl Block {
                         .collect();
                     // A re-learning M-step has just recolumned under this θ: reuse the columns.
                     let fresh;
-                    let cross = match &self.columns {
-                        Some(columns) if columns.are_under(&model.posterior) => &columns.cross,
+                    let columns = match &self.columns {
+                        Some(columns) if columns.are_under(&model.posterior) => columns,
                         _ => {
-                            fresh = model.posterior.cross(points.x());
+                            fresh = Columns::under(&model.posterior, points.x());
                             &fresh
                         }
                     };
@@ -509,7 +513,7 @@ impl Block {
                         &model.posterior,
                         &model.likelihood,
                         points,
-                        cross,
+                        (&columns.cross, columns.profile.as_ref()),
                         Some(&weights),
                         *with_z,
                     );

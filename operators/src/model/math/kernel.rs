@@ -49,6 +49,16 @@ pub enum Kernel {
     Product(Vec<Kernel>),
 }
 
+/// A stationary kernel's `K(A, B)` before its variance: the scaled squared
+/// distances `R²`, the profile `f(R²)` and its slope `f'(R²)`. What its
+/// gradient needs again, kept beside the kernel columns an M-step reuses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    r2: DMatrix<f64>,
+    values: DMatrix<f64>,
+    slopes: DMatrix<f64>,
+}
+
 /// Whose rows an input gradient is wanted for, beside the log-parameters'
 /// (see [`Kernel::grads`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +267,36 @@ impl Kernel {
         g: &DMatrix<f64>,
         rows: Rows,
     ) -> (DVector<f64>, Option<DMatrix<f64>>) {
+        self.grads_from(a, b, g, rows, None)
+    }
+
+    /// `K(A, B)` and, for a stationary kernel, its [`Profile`], from which
+    /// [`grads_from`](Self::grads_from) starts without the distances and
+    /// exponentials again.
+    pub fn matrix_with_profile(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> (DMatrix<f64>, Option<Profile>) {
+        match self {
+            Kernel::Stationary(s) => {
+                assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
+                let r2 = s.scaled_sq_dist(a, b, None);
+                let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(r2.nrows(), r2.ncols()));
+                s.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
+                let k = &values * s.variance;
+                (k, Some(Profile { r2, values, slopes }))
+            }
+            _ => (self.matrix(a, b), None),
+        }
+    }
+
+    /// [`grads`](Self::grads), from `K(A, B)`'s [`Profile`] if there is one
+    /// (made by [`matrix_with_profile`](Self::matrix_with_profile) under this kernel).
+    pub fn grads_from(
+        &self,
+        a: &DMatrix<f64>,
+        b: &DMatrix<f64>,
+        g: &DMatrix<f64>,
+        rows: Rows,
+        profile: Option<&Profile>,
+    ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
         assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
         let zeros = || match rows {
@@ -265,7 +305,7 @@ impl Kernel {
             Rows::OfB => Some(DMatrix::zeros(b.nrows(), b.ncols())),
         };
         match self {
-            Kernel::Stationary(s) => s.grads(a, b, g, rows),
+            Kernel::Stationary(s) => s.grads(a, b, g, rows, profile),
             Kernel::Constant { variance } => (DVector::from_element(1, variance * g.sum()), zeros()),
             // ∂K/∂log σ² = K; ∂(σ² a_iᵀb_j)/∂a_i = σ² b_j.
             Kernel::Linear { variance } => {
@@ -500,6 +540,7 @@ impl Stationary {
         b: &DMatrix<f64>,
         g: &DMatrix<f64>,
         rows: Rows,
+        profile: Option<&Profile>,
     ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         let mut grad = DVector::zeros(1 + self.lengthscales.len());
         if a.nrows() == 0 || b.nrows() == 0 {
@@ -517,12 +558,19 @@ impl Stationary {
             _ => Some(self.scaled(a, b)),
         };
         let (a_u, b_u) = scaled.as_ref().map_or((a, b), |(a_s, b_s)| (a_s, b_s));
-        let r2 = self.scaled_sq_dist(a, b, scaled.as_ref());
-        let mut f = r2.clone();
-        let mut w = DMatrix::zeros(a.nrows(), b.nrows()); // G ∘ f'(R²)
-        self.family.profiles(f.as_mut_slice(), Some(w.as_mut_slice()));
-        w.component_mul_assign(g);
-        grad[0] = self.variance * f.dot(g);
+        let made;
+        let Profile { r2, values, slopes } = match profile {
+            Some(profile) => profile,
+            None => {
+                let r2 = self.scaled_sq_dist(a, b, scaled.as_ref());
+                let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(a.nrows(), b.nrows()));
+                self.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
+                made = Profile { r2, values, slopes };
+                &made
+            }
+        };
+        let w = slopes.component_mul(g); // G ∘ f'(R²)
+        grad[0] = self.variance * values.dot(g);
         // W B, or Wᵀ A for the rows of B: the input gradient's product and the ARD sums' alike.
         let product = match rows {
             Rows::OfB => Some(w.tr_mul(a_u)),
@@ -531,7 +579,7 @@ impl Stationary {
         };
         match self.lengthscales[..] {
             // Σ_k Δ_k²/ℓ² is r² itself.
-            [_] => grad[1] = -2.0 * self.variance * w.dot(&r2),
+            [_] => grad[1] = -2.0 * self.variance * w.dot(r2),
             _ => {
                 // Σ_ij W_ij a_ik b_jk, from whichever product there is.
                 let cross: Vec<f64> = match (rows, &product) {
