@@ -68,6 +68,17 @@ pub enum Rows {
     OfB,
 }
 
+impl Rows {
+    /// A zero gradient for these rows of `K(A, B)`'s inputs.
+    fn zeros(self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> Option<DMatrix<f64>> {
+        match self {
+            Rows::Neither => None,
+            Rows::OfA => Some(DMatrix::zeros(a.nrows(), a.ncols())),
+            Rows::OfB => Some(DMatrix::zeros(b.nrows(), b.ncols())),
+        }
+    }
+}
+
 impl Kernel {
     pub fn stationary(family: Family, variance: f64, lengthscales: Vec<f64>) -> Self {
         Kernel::Stationary(Stationary {
@@ -277,11 +288,8 @@ impl Kernel {
         match self {
             Kernel::Stationary(s) => {
                 assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
-                let r2 = s.scaled_sq_dist(a, b, None);
-                let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(r2.nrows(), r2.ncols()));
-                s.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
-                let k = &values * s.variance;
-                (k, Some(Profile { r2, values, slopes }))
+                let profile = s.profile(a, b, None);
+                (&profile.values * s.variance, Some(profile))
             }
             _ => (self.matrix(a, b), None),
         }
@@ -299,11 +307,7 @@ impl Kernel {
     ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
         assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
-        let zeros = || match rows {
-            Rows::Neither => None,
-            Rows::OfA => Some(DMatrix::zeros(a.nrows(), a.ncols())),
-            Rows::OfB => Some(DMatrix::zeros(b.nrows(), b.ncols())),
-        };
+        let zeros = || rows.zeros(a, b);
         match self {
             Kernel::Stationary(s) => s.grads(a, b, g, rows, profile),
             Kernel::Constant { variance } => (DVector::from_element(1, variance * g.sum()), zeros()),
@@ -530,6 +534,14 @@ impl Stationary {
         }
     }
 
+    /// `K(A, B)`'s [`Profile`] (from the `scaled` inputs, if given).
+    fn profile(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, scaled: Option<&(DMatrix<f64>, DMatrix<f64>)>) -> Profile {
+        let r2 = self.scaled_sq_dist(a, b, scaled);
+        let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(a.nrows(), b.nrows()));
+        self.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
+        Profile { r2, values, slopes }
+    }
+
     /// `∂K/∂log σ² = K`, and `∂K/∂log ℓ_k = σ² f'(r²) · (−2 Δ_k²/ℓ_k²)`,
     /// summed with weights `G`; with `rows`, `∂k(a_i, b_j)/∂a_ik = σ² f'(r²) ·
     /// 2 (a_ik − b_jk)/ℓ_k²` summed over j (`W = G ∘ f'(R²)`: `diag(W1) A − W B`),
@@ -544,12 +556,7 @@ impl Stationary {
     ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         let mut grad = DVector::zeros(1 + self.lengthscales.len());
         if a.nrows() == 0 || b.nrows() == 0 {
-            let input = match rows {
-                Rows::Neither => None,
-                Rows::OfA => Some(DMatrix::zeros(a.nrows(), a.ncols())),
-                Rows::OfB => Some(DMatrix::zeros(b.nrows(), b.ncols())),
-            };
-            return (grad, input);
+            return (grad, rows.zeros(a, b));
         }
         // One lengthscale divides the plain distances; ARD scales the inputs
         // (`Δ` in scaled units is `Δ_k/ℓ_k`).
@@ -562,10 +569,7 @@ impl Stationary {
         let Profile { r2, values, slopes } = match profile {
             Some(profile) => profile,
             None => {
-                let r2 = self.scaled_sq_dist(a, b, scaled.as_ref());
-                let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(a.nrows(), b.nrows()));
-                self.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
-                made = Profile { r2, values, slopes };
+                made = self.profile(a, b, scaled.as_ref());
                 &made
             }
         };
