@@ -13,7 +13,7 @@ use crate::model::dual::blocks::{minibatches, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs, Objective};
 use crate::model::dual::posterior::{DualPosterior, Sites};
-use crate::model::dual::shard::{route, Answer, Partition, Query, Shard};
+use crate::model::dual::shard::{route, Answer, Partition, Query, Shard, BLOCKS};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
@@ -109,16 +109,21 @@ pub fn fit_offline(
     let n = data.n() as i64;
     let ids: Vec<i64> = (0..n).collect();
     let shard = Shard::new(Partition::WHOLE, 0, &ids, data.clone()).answered_on(config.threads);
+    let mut block_sizes = vec![0; BLOCKS as usize];
+    for &id in &ids {
+        block_sizes[route(id) as usize] += 1;
+    }
     let mut trainer = Trainer {
         posterior,
         likelihood,
         shard,
         n,
+        block_sizes,
         config,
         rng: ChaCha8Rng::seed_from_u64(config.seed),
         adam: match config.optimizer {
-            Optimizer::Adam { lr } => Adam::new(lr),
-            Optimizer::Lbfgs { .. } => Adam::new(0.0),
+            Optimizer::Adam { lr } => Some(Adam::new(lr)),
+            Optimizer::Lbfgs { .. } => None,
         },
     };
     trainer.shard.answer(Query::Begin {
@@ -163,9 +168,12 @@ struct Trainer<'a> {
     shard: Shard,
     /// How many points: their ids are their row numbers, `0..n`.
     n: i64,
+    /// How many points each block holds: what a minibatch of blocks stands for.
+    block_sizes: Vec<usize>,
     config: &'a OfflineConfig,
     rng: ChaCha8Rng,
-    adam: Adam,
+    /// Adam's moments, for an M-step by Adam steps.
+    adam: Option<Adam>,
 }
 
 impl Trainer<'_> {
@@ -245,7 +253,8 @@ impl Trainer<'_> {
                 params = search.best().0;
             }
             // Adam steps on the bound with the sites held, on all points or a minibatch.
-            Optimizer::Adam { .. } => {
+            Optimizer::Adam { lr } => {
+                let mut adam = self.adam.take().unwrap_or_else(|| Adam::new(lr));
                 for _ in 0..self.config.m_steps {
                     evaluations += 1;
                     let points = match self.config.minibatch {
@@ -253,9 +262,10 @@ impl Trainer<'_> {
                         Some(size) => minibatches(0..self.n, size, self.rng.random())[0],
                     };
                     let grad = self.objective(points, with_z)?.stacked_grad();
-                    self.adam.step(&mut params, &grad);
+                    adam.step(&mut params, &grad);
                     self.set_params(&params, with_z)?;
                 }
+                self.adam = Some(adam);
             }
         }
         self.set_params(&params, with_z)?;
@@ -289,7 +299,10 @@ impl Trainer<'_> {
             other => return Err(unexpected("M-step terms", &other)),
         };
         if sample {
-            let held = (0..self.n).filter(|&id| points.contains(route(id))).count();
+            let held: usize = (0..BLOCKS)
+                .filter(|&block| points.contains(block))
+                .map(|block| self.block_sizes[block as usize])
+                .sum();
             terms.scale(self.n as f64 / held as f64);
         }
         Ok(terms.finish(&self.posterior, &self.likelihood, None))
