@@ -75,7 +75,6 @@ fn main() {
         (
             "defaults",
             SequentialConfig {
-                inducing: 100,
                 memory: MemoryPolicy::Reservoir { capacity: 100 },
                 ..ModelArgs::default()
                     .settings()

@@ -224,10 +224,8 @@ fn check_with_q_held(
     let with_z = moving == Moving::InducingInputs;
     let objective = |post: &DualPosterior, lik: &Likelihood| {
         let sites = message.map_or_else(|| vec![Sites::zeros(post.m()); post.n_latent()], |m| m.whitened(post));
-        // The kernel's profile kept beside the columns, as a shard keeps it.
-        let (kzx, profile) = post.kernel.matrix_with_profile(&post.z, data.x());
-        let cross = post.cross_of(kzx, data.x());
-        let terms = DataTerms::new(post, lik, &data, (&cross, profile.as_ref()), None, true);
+        // With the kernel's profile kept beside the columns, as a shard keeps it.
+        let terms = DataTerms::new(post, lik, &data, &post.cross_with_profile(data.x()), None, true);
         let mut o = terms.finish(post, lik, Some(&sites));
         if let Some(m) = message {
             let term = m.conditional_term(post, &m.seen_from(post), with_z);

@@ -774,6 +774,7 @@ impl<'a> Online<'a> {
             kzx: g.kbf.clone(),
             a: g.a.clone(),
             residual_var: g.residual.clone(),
+            profile: None,
         };
         // One guarded run: steps that lower the bound are undone across the whole run.
         let e_step = EStepConfig { steps, rho };

@@ -13,7 +13,7 @@ use crate::model::data::Data;
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
-use crate::model::math::kernel::{Kernel, Profile, Rows};
+use crate::model::math::kernel::{Kernel, Rows};
 use crate::model::math::linalg::gram_of_scaled;
 
 /// `F(θ)` and `∂F/∂ log θ`.
@@ -83,9 +83,14 @@ pub fn m_step_objective(
             });
         }
     }
-    let (kzx, profile) = post.kernel.matrix_with_profile(&post.z, data.x());
-    let cross = post.cross_of(kzx, data.x());
-    let terms = DataTerms::new(post, likelihood, data, (&cross, profile.as_ref()), weights, true);
+    let terms = DataTerms::new(
+        post,
+        likelihood,
+        data,
+        &post.cross_with_profile(data.x()),
+        weights,
+        true,
+    );
     Ok(terms.finish(post, likelihood, None))
 }
 
@@ -142,14 +147,13 @@ impl DataTerms {
     }
 
     /// The terms of the points of `data` (already checked), whose kernel
-    /// quantities under the posterior's current `θ` and `Z` are `cross`, with
-    /// the kernel's profile if it was kept;
+    /// quantities under the posterior's current `θ` and `Z` are `cross`;
     /// `∂F/∂Z` only `with_z` (learners that place `Z` otherwise skip it).
     pub fn new(
         post: &DualPosterior,
         likelihood: &Likelihood,
         data: &Data,
-        (cross, profile): (&Cross, Option<&Profile>),
+        cross: &Cross,
         weights: Option<&[f64]>,
         with_z: bool,
     ) -> Self {
@@ -197,7 +201,7 @@ impl DataTerms {
         }
         let kernel = &post.kernel;
         let rows = if with_z { Rows::OfA } else { Rows::Neither };
-        let (kernel_grad, grad_z) = kernel.grads_from(&post.z, data.x(), &g_kzx, rows, profile);
+        let (kernel_grad, grad_z) = kernel.grads_from(&post.z, data.x(), &g_kzx, rows, cross.profile.as_ref());
         terms.kernel_grad = kernel_grad + kernel.diag_grad(data.x(), &g_diag);
         terms.grad_z = grad_z;
         terms

@@ -17,7 +17,7 @@ use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
-use crate::model::math::kernel::Kernel;
+use crate::model::math::kernel::{Kernel, Profile};
 use crate::model::math::linalg::{
     cholesky_inverse, cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, solve_lower_matrix_in_place,
     solve_lower_transposed_in_place, symmetrize,
@@ -75,6 +75,14 @@ pub fn keeping_message(from: &DMatrix<f64>, cross: &DMatrix<f64>, to: &Cholesky<
     let mut t = g.transpose();
     solve_lower_in_place(to, &mut t);
     t
+}
+
+/// `w = L⁻ᵀm_v` for each latent's whitened mean: `K⁻¹` times its mean in u-space.
+fn unwhitened(chol_k: &Cholesky<f64, Dyn>, m_v: &[DVector<f64>]) -> Vec<DVector<f64>> {
+    let l_t = chol_k.l().transpose();
+    m_v.iter()
+        .map(|mean| l_t.solve_upper_triangular(mean).expect(POSITIVE_DIAGONAL))
+        .collect()
 }
 
 /// The pairs `(i, j)` with `z_a[i] = z_b[j]`, matched one to one in order.
@@ -203,15 +211,19 @@ pub struct Cross {
     pub a: DMatrix<f64>,
     /// `k(x_i, x_i) − k_iᵀ K⁻¹ k_i`: the prior variance left unexplained by `Z`.
     pub residual_var: DVector<f64>,
+    /// What the kernel's gradient needs of `K(Z, X)` again, where kept
+    /// ([`DualPosterior::cross_with_profile`]).
+    pub profile: Option<Profile>,
 }
 
 impl Cross {
-    /// The quantities of the points at `rows`.
+    /// The quantities of the points at `rows` (without the profile).
     pub fn select(&self, rows: &[usize]) -> Cross {
         Cross {
             kzx: self.kzx.select_columns(rows),
             a: self.a.select_columns(rows),
             residual_var: self.residual_var.select_rows(rows),
+            profile: None,
         }
     }
 }
@@ -340,12 +352,7 @@ impl DualPosterior {
         let Some(old) = self.factors.take() else {
             return self.refresh_with(chol_k);
         };
-        let l_t = chol_k.l().transpose();
-        let w = old
-            .m_v
-            .iter()
-            .map(|mean| l_t.solve_upper_triangular(mean).expect(POSITIVE_DIAGONAL))
-            .collect();
+        let w = unwhitened(&chol_k, &old.m_v);
         self.factors = Some(Factors {
             chol_k,
             chol_d: old.chol_d,
@@ -419,15 +426,12 @@ impl DualPosterior {
         let m = self.m();
         let mut chol_d = Vec::with_capacity(self.whitened.len());
         let mut m_v = Vec::with_capacity(self.whitened.len());
-        let mut w = Vec::with_capacity(self.whitened.len());
-        let l_t = chol_k.l().transpose();
         for sites in &self.whitened {
             let (chol, _) = cholesky_jittered(&(DMatrix::identity(m, m) + &sites.lambda), 0.0, "I + P")?;
-            let mean = chol.solve(&sites.l);
-            w.push(l_t.solve_upper_triangular(&mean).expect(POSITIVE_DIAGONAL));
-            m_v.push(mean);
+            m_v.push(chol.solve(&sites.l));
             chol_d.push(chol);
         }
+        let w = unwhitened(&chol_k, &m_v);
         self.factors = Some(Factors {
             chol_k,
             chol_d,
@@ -462,14 +466,25 @@ impl DualPosterior {
 
     /// `K(Z, X)`, its whitened columns and the residual prior variance at `x`.
     pub fn cross(&self, x: &DMatrix<f64>) -> Cross {
-        self.cross_of(self.kernel.matrix(&self.z, x), x)
+        self.cross_of(self.kernel.matrix(&self.z, x), None, x)
     }
 
-    /// [`cross`](Self::cross) from `K(Z, X)` made already.
-    pub fn cross_of(&self, kzx: DMatrix<f64>, x: &DMatrix<f64>) -> Cross {
+    /// [`cross`](Self::cross) with the kernel's profile kept, for an M-step
+    /// gradient under the same `θ` and `Z`.
+    pub fn cross_with_profile(&self, x: &DMatrix<f64>) -> Cross {
+        let (kzx, profile) = self.kernel.matrix_with_profile(&self.z, x);
+        self.cross_of(kzx, profile, x)
+    }
+
+    fn cross_of(&self, kzx: DMatrix<f64>, profile: Option<Profile>, x: &DMatrix<f64>) -> Cross {
         let a = self.whiten(&kzx);
         let residual_var = self.kernel.diag(x) - column_sq_norms(&a);
-        Cross { kzx, a, residual_var }
+        Cross {
+            kzx,
+            a,
+            residual_var,
+            profile,
+        }
     }
 
     /// `L⁻¹B`: kernel columns (under any earlier `θ`) whitened by today's `K`.

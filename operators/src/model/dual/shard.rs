@@ -27,7 +27,7 @@ use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::{ControlVariate, Drift};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::likelihood::Expectation;
-use crate::model::math::kernel::{Kernel, Profile};
+use crate::model::math::kernel::Kernel;
 
 /// How many blocks the points are summed in. Up to this many workers share
 /// the work; more would idle. Few enough that a block's `m × m × n` products
@@ -383,12 +383,11 @@ struct Block {
 }
 
 /// Kernel columns of some points and what they depend on (kernel, `Z`,
-/// jitter): the same dependencies, the same columns. With them the kernel's
+/// jitter): the same dependencies, the same columns. They keep the kernel's
 /// profile, which an M-step's gradient under the same `θ` starts from.
 #[derive(Debug, Clone)]
 struct Columns {
     cross: Cross,
-    profile: Option<Profile>,
     kernel: Kernel,
     z: DMatrix<f64>,
     jitter: f64,
@@ -396,10 +395,8 @@ struct Columns {
 
 impl Columns {
     fn under(post: &DualPosterior, x: &DMatrix<f64>) -> Self {
-        let (kzx, profile) = post.kernel.matrix_with_profile(&post.z, x);
         Columns {
-            cross: post.cross_of(kzx, x),
-            profile,
+            cross: post.cross_with_profile(x),
             kernel: post.kernel.clone(),
             z: post.z.clone(),
             jitter: post.jitter,
@@ -513,7 +510,7 @@ impl Block {
                         &model.posterior,
                         &model.likelihood,
                         points,
-                        (&columns.cross, columns.profile.as_ref()),
+                        &columns.cross,
                         Some(&weights),
                         *with_z,
                     );

@@ -717,6 +717,7 @@ fn solve_block(
         kzx: DMatrix::zeros(0, points),
         a: problem.coords.clone(),
         residual_var: DVector::zeros(points),
+        profile: None,
     };
     let frozen = &problem.frozen;
     let mut block = DualPosterior::new(post.kernel.clone(), post.z.rows(from, m_b).into_owned(), n_latent)?;
