@@ -1,21 +1,23 @@
 //! Writes the multi-output streams of `scripts/multi_output.sh` and
 //! `scripts/seed_002.sh` into a directory: the heterogeneous stream
-//! (train and test) and its output 1 alone (what a single-output learner of
-//! that channel sees); seed 002's streaming toy (Table 1), its synchronous
+//! (train and test), its output 1 alone (what a single-output learner of
+//! that channel sees) and `heterogeneous_oracle.json`, the test NLPD of
+//! output 1 under its true latent; seed 002's streaming toy (Table 1), its synchronous
 //! two-channel toy (Table 5) and that toy's channels taking turns (Fig. 8),
 //! test rows marked with their region of x (`task`), one test file per
 //! output; and `scales.json`, the training targets' standard deviations
 //! eval standardises with (a standardised NLPD plus ln sd is the data's).
 //!
-//!     cargo run --release --example multi_output_toys -- DIR [N_TRAIN] [SEED]
+//!     cargo run --release --example multi_output_toys -- DIR [N_TRAIN] [SEED] [N_TEST]
 //!
-//! N_TRAIN sizes the heterogeneous stream only; the seed's toys have the
-//! seed's N = 2000 inputs, 70 % for training.
+//! N_TRAIN and N_TEST (default N_TRAIN / 2) size the heterogeneous stream
+//! only; the seed's toys have the seed's N = 2000 inputs, 70 % for training.
 
 use std::path::{Path, PathBuf};
 
 use dualgp_pipelines::toys::{
-    alternating_channels, heterogeneous, of_output, only_output, streaming_toy, target_scale, two_channels, write, Rows,
+    alternating_channels, heterogeneous, heterogeneous_oracle_nlpd, of_output, only_output, streaming_toy,
+    target_scale, two_channels, write, Rows,
 };
 
 /// Seed 002's toys: 2000 inputs, 30 % of them test rows.
@@ -27,9 +29,12 @@ fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "multi-output-toys".into()));
     let n: usize = args.next().map_or(Ok(2000), |s| s.parse())?;
     let seed: u64 = args.next().map_or(Ok(0), |s| s.parse())?;
+    let n_test: usize = args.next().map_or(Ok(n / 2), |s| s.parse())?;
     std::fs::create_dir_all(&dir)?;
     let train = heterogeneous(n, seed);
-    let test = heterogeneous(n / 2, seed + 1000);
+    let test = heterogeneous(n_test, seed + 1000);
+    let oracle = serde_json::json!({ "output1_test_nlpd": heterogeneous_oracle_nlpd(&test) });
+    std::fs::write(dir.join("heterogeneous_oracle.json"), oracle.to_string())?;
     write(&dir.join("heterogeneous_train.parquet"), &train)?;
     write(&dir.join("heterogeneous_test.parquet"), &test)?;
     write(

@@ -11,6 +11,7 @@ use anyhow::Result;
 use arrow::array::{ArrayRef, Float64Array, Int64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
+use dualgp_operators::model::likelihood::{Likelihood, Link};
 use parquet::arrow::ArrowWriter;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -121,27 +122,50 @@ impl Rows {
     }
 }
 
+/// The heterogeneous stream's output 0 latent, `f₀ = −0.5u₁ + 0.1u₂`.
+pub fn heterogeneous_f0(x: f64) -> f64 {
+    -0.5 * seed_toy(x) + 0.1 * smooth_latent(x)
+}
+
+/// The heterogeneous stream's output 1 latent, `f₁ = −0.1u₁ + 0.6u₂`.
+pub fn heterogeneous_f1(x: f64) -> f64 {
+    -0.1 * seed_toy(x) + 0.6 * smooth_latent(x)
+}
+
 /// The heterogeneous stream: `x ~ U(0, 1)`, `u₁` the seed's toy,
-/// `u₂` [`smooth_latent`]; 80 % of the rows observe `f₀ = −0.5u₁ + 0.1u₂`
-/// with Gaussian noise of sd 0.5, 20 % observe `f₁ = −0.1u₁ + 0.6u₂`
+/// `u₂` [`smooth_latent`]; 80 % of the rows observe [`heterogeneous_f0`]
+/// with Gaussian noise of sd 0.5, 20 % observe [`heterogeneous_f1`]
 /// through a probit Bernoulli.
 pub fn heterogeneous(n: usize, seed: u64) -> Rows {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut rows = Rows::default();
     for _ in 0..n {
         let x: f64 = rng.random_range(0.0..1.0);
-        let (u1, u2) = (seed_toy(x), smooth_latent(x));
         let noise: f64 = StandardNormal.sample(&mut rng);
         let (y, output) = if rng.random::<f64>() < 0.8 {
-            (-0.5 * u1 + 0.1 * u2 + 0.5 * noise, 0)
+            (heterogeneous_f0(x) + 0.5 * noise, 0)
         } else {
-            (f64::from(-0.1 * u1 + 0.6 * u2 + noise > 0.0), 1)
+            (f64::from(heterogeneous_f1(x) + noise > 0.0), 1)
         };
         rows.x.push(x);
         rows.y.push(y);
         rows.output.push(output);
     }
     rows
+}
+
+/// The test NLPD, over `rows`' output-1 rows, of an oracle that knows
+/// output 1's latent exactly: the probit Bernoulli's log predictive at
+/// `f₁(x)` with no variance, as eval scores a model. No model of output 1,
+/// multi-output or not, does better in expectation: it is the floor under
+/// what learning output 0 can gain output 1.
+pub fn heterogeneous_oracle_nlpd(rows: &Rows) -> f64 {
+    let probit = Likelihood::Bernoulli { link: Link::Probit };
+    let scores: Vec<f64> = (0..rows.x.len())
+        .filter(|&i| rows.output[i] == 1)
+        .map(|i| -probit.log_predictive(&[heterogeneous_f1(rows.x[i])], &[0.0], rows.y[i]))
+        .collect();
+    scores.iter().sum::<f64>() / scores.len().max(1) as f64
 }
 
 /// Writes `id`, `x0`, `y` and `output` (ids from 0, in row order), and
@@ -243,5 +267,30 @@ mod tests {
                 "output {d}: {mean} {var}"
             );
         }
+    }
+
+    /// The oracle's NLPD on a large sample is its expectation: the mean over
+    /// `x ~ U(0, 1)` of the entropy of `Φ(f₁(x))` (midpoint rule).
+    #[test]
+    fn the_heterogeneous_oracle_scores_the_entropy_of_output_one() {
+        let rows = heterogeneous(200_000, 4);
+        let share = rows.output.iter().filter(|&&d| d == 1).count() as f64 / rows.x.len() as f64;
+        assert!((share - 0.2).abs() < 0.005, "{share}");
+        let probit = Likelihood::Bernoulli { link: Link::Probit };
+        let cells = 20_000;
+        let entropy = (0..cells)
+            .map(|k| {
+                let f = heterogeneous_f1((k as f64 + 0.5) / cells as f64);
+                let p = probit.log_predictive(&[f], &[0.0], 1.0).exp();
+                -(p * p.ln() + (1.0 - p) * (1.0 - p).ln())
+            })
+            .sum::<f64>()
+            / cells as f64;
+        let oracle = heterogeneous_oracle_nlpd(&rows);
+        // About 40 000 labels: the sample mean's sd is about 0.0025.
+        assert!(
+            (oracle - entropy).abs() < 0.01,
+            "oracle {oracle}, expectation {entropy}"
+        );
     }
 }
