@@ -191,7 +191,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     let (train, test) = datasets(&prepared, &likelihood)?;
     let tasks = TestTasks::new(split.test.tasks.as_deref(), &test);
     let likelihood = settings.likelihood(likelihood);
-    let kernel = settings.kernel(train.d());
+    let kernel = settings.model_kernel(prepared.x_train.ncols(), &likelihood);
 
     let mut batches = Vec::new();
     let mut total = 0.0;
@@ -321,8 +321,8 @@ fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {
     if let Likelihood::MultiOutput(multi) = likelihood {
         standardise_by_output(multi, (&mut y_train, &train_outputs), (&mut y_test, &test_outputs));
     }
-    let train = Data::with_outputs(p.x_train.clone(), y_train, train_outputs).context("training data")?;
-    let test = Data::with_outputs(p.x_test.clone(), y_test, test_outputs).context("test data")?;
+    let train = Data::for_model(likelihood, p.x_train.clone(), y_train, train_outputs).context("training data")?;
+    let test = Data::for_model(likelihood, p.x_test.clone(), y_test, test_outputs).context("test data")?;
     fits("training", &train)?;
     fits("test", &test)?;
     Ok((train, test))

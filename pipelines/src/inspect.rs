@@ -76,6 +76,12 @@ fn describe(kernel: &Kernel) -> String {
         Kernel::Linear { .. } => "linear".into(),
         Kernel::Sum(parts) => parts.iter().map(describe).collect::<Vec<_>>().join(" + "),
         Kernel::Product(parts) => parts.iter().map(describe).collect::<Vec<_>>().join(" × "),
+        Kernel::Coregional(c) => format!(
+            "{} outputs over {} latents: {}",
+            c.mixing.ncols(),
+            c.latents.len(),
+            c.latents.iter().map(describe).collect::<Vec<_>>().join("; ")
+        ),
     }
 }
 

@@ -691,6 +691,18 @@ impl ModelArgs {
 }
 
 impl Settings {
+    /// The starting kernel of `likelihood`'s model over `features`
+    /// (standardised) inputs: for a multi-output model, `Q` copies of
+    /// [`kernel`](Self::kernel)'s mixed over the outputs (read from the
+    /// inputs' last column, the output index).
+    pub fn model_kernel(&self, features: usize, likelihood: &Likelihood) -> Kernel {
+        let base = self.kernel(features);
+        match likelihood {
+            Likelihood::MultiOutput(multi) => Kernel::coregional(base, multi.latents, multi.n_outputs()),
+            _ => base,
+        }
+    }
+
     /// The starting kernel for `d` (standardised) inputs.
     pub fn kernel(&self, d: usize) -> Kernel {
         let lengthscale = self.lengthscale.unwrap_or((d as f64).sqrt());

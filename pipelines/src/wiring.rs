@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use dualgp_operators::dataflow::{GpOptions, GpStreams, LearnGp, Record};
+use dualgp_operators::model::data::model_inputs;
 use dualgp_operators::model::{Likelihood, SequentialLearner};
 use nalgebra::DMatrix;
 use timely::dataflow::operators::Input;
@@ -122,11 +123,15 @@ pub(crate) fn fresh_learner(
     let d = scaling.x_mean.len();
     let likelihood = settings.likelihood(likelihood);
     let config = settings.sequential_for(&likelihood);
-    let learner = SequentialLearner::new(settings.kernel(d), likelihood, config)?;
-    if !settings.z_first_rows || rows.is_empty() {
-        return Ok(learner);
+    let kernel = settings.model_kernel(d, &likelihood);
+    let z = (settings.z_first_rows && !rows.is_empty()).then(|| {
+        let m = settings.sequential.inducing.min(rows.len());
+        let z = DMatrix::from_fn(m, d, |i, j| scaling.record(rows[i].clone()).features[j]);
+        model_inputs(&likelihood, &z, |i| rows[i].output).into_owned()
+    });
+    let learner = SequentialLearner::new(kernel, likelihood, config)?;
+    match z {
+        Some(z) => Ok(learner.with_inducing(z)?),
+        None => Ok(learner),
     }
-    let m = settings.sequential.inducing.min(rows.len());
-    let z = DMatrix::from_fn(m, d, |i, j| scaling.record(rows[i].clone()).features[j]);
-    Ok(learner.with_inducing(z)?)
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nalgebra::{DMatrix, DVector};
+
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
@@ -18,6 +19,7 @@ use super::options::Round;
 use super::options::{GpOptions, Scoring};
 use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
+use crate::model::data::model_inputs;
 use crate::model::dual::point::PointId;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 
@@ -47,6 +49,20 @@ struct Scorer {
     all_outputs: bool,
 }
 
+/// Latent marginals of some rows, `q` values a row.
+struct Marginals {
+    q: usize,
+    mean: Vec<f64>,
+    var: Vec<f64>,
+}
+
+impl Marginals {
+    fn at(&self, i: usize) -> (&[f64], &[f64]) {
+        let rows = i * self.q..(i + 1) * self.q;
+        (&self.mean[rows.clone()], &self.var[rows])
+    }
+}
+
 /// One record's score: its output's predictive, its label's log density, and
 /// (when asked for) every output's predictive.
 type Scored = (Predictive, Option<f64>, Vec<Predictive>);
@@ -56,28 +72,58 @@ impl Scorer {
     /// label's log predictive density (its prequential score).
     fn score(&self, records: &[&Record], features: usize) -> Vec<Scored> {
         let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
-        let all_outputs = self.all_outputs;
-        let scored = |likelihood: &Likelihood, i: usize, mean: &[f64], var: &[f64]| {
-            let d = records[i].output;
-            let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
-            let every = match all_outputs {
-                true => (0..likelihood.n_outputs())
-                    .map(|o| likelihood.predict_of(o, mean, var))
-                    .collect(),
-                false => Vec::new(),
-            };
-            (likelihood.predict_of(d, mean, var), density, every)
+        let likelihood = self.likelihood();
+        let own = self.marginals(&x, |i| records[i].output);
+        // Every output's predictive needs each output's own latent marginal.
+        let every: Vec<Marginals> = match self.all_outputs {
+            true => (0..likelihood.n_outputs()).map(|o| self.marginals(&x, |_| o)).collect(),
+            false => Vec::new(),
         };
-        let mut out = Vec::with_capacity(records.len());
+        (0..records.len())
+            .map(|i| {
+                let (mean, var) = own.at(i);
+                let d = records[i].output;
+                let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
+                let all = every
+                    .iter()
+                    .enumerate()
+                    .map(|(o, marginals)| {
+                        let (mean, var) = marginals.at(i);
+                        likelihood.predict_of(o, mean, var)
+                    })
+                    .collect();
+                (likelihood.predict_of(d, mean, var), density, all)
+            })
+            .collect()
+    }
+
+    fn likelihood(&self) -> &Likelihood {
         match &self.model {
-            Model::Learned(model) => model
-                .posterior
-                .predict_f(&x)
-                .for_each_point(|i, mean, var| out.push(scored(&model.likelihood, i, mean, var))),
-            Model::Prior { kernel, likelihood } => {
-                let mean = vec![0.0; likelihood.n_latent()];
-                for (i, &v) in kernel.diag(&x).iter().enumerate() {
-                    out.push(scored(likelihood, i, &mean, &vec![v; mean.len()]));
+            Model::Learned(model) => &model.likelihood,
+            Model::Prior { likelihood, .. } => likelihood,
+        }
+    }
+
+    /// Each row's latent marginal `(means, variances)` as output `output(i)`
+    /// (a multi-output model reads the index as its last input).
+    fn marginals(&self, x: &DMatrix<f64>, output: impl Fn(usize) -> usize) -> Marginals {
+        let likelihood = self.likelihood();
+        let x = model_inputs(likelihood, x, output);
+        let q = likelihood.n_latent();
+        let mut out = Marginals {
+            q,
+            mean: Vec::with_capacity(x.nrows() * q),
+            var: Vec::with_capacity(x.nrows() * q),
+        };
+        match &self.model {
+            Model::Learned(model) => model.posterior.predict_f(&x).for_each_point(|_, mean, var| {
+                out.mean.extend_from_slice(mean);
+                out.var.extend_from_slice(var);
+            }),
+            Model::Prior { kernel, .. } => {
+                for v in kernel.diag(&x).iter() {
+                    out.mean.extend(std::iter::repeat_n(0.0, q));
+                    out.var.extend(std::iter::repeat_n(*v, q));
                 }
             }
         }
@@ -237,7 +283,7 @@ pub(super) fn partition_stage<'scope>(
                 let shard = (shard_epoch != Some(epoch)).then(|| {
                     let rest = ready.split_off(&(epoch + 1));
                     let learned = std::mem::replace(&mut ready, rest);
-                    (epoch, shard_of(partition, learned, features))
+                    (epoch, shard_of(partition, learned, features, &likelihood))
                 });
                 shard_epoch = Some(epoch);
                 // Refused only by a thread that is gone, which the next poll reports.
@@ -310,10 +356,18 @@ pub(super) fn partition_stage<'scope>(
                     Answer::Nothing
                 } else {
                     // The learner's first question, answered as a shard of
-                    // these records would: their inputs in id order.
+                    // these records would: their inputs in id order (a
+                    // multi-output model's with the output index).
+                    let with_output = likelihood.reads_output_index();
                     let mut rows: Vec<(PointId, Vec<f64>)> = labelled
                         .iter()
-                        .map(|r| (PointId { batch: epoch, id: r.id }, r.features.clone()))
+                        .map(|r| {
+                            let mut inputs = r.features.clone();
+                            if with_output {
+                                inputs.push(r.output as f64);
+                            }
+                            (PointId { batch: epoch, id: r.id }, inputs)
+                        })
                         .collect();
                     rows.sort_unstable_by_key(|row| row.0);
                     ready.insert(epoch, labelled);
@@ -406,7 +460,12 @@ fn answer_caught(shard: &mut Option<(u64, Shard)>, query: Query) -> Result<Answe
 
 /// A shard of the labelled records of some epochs, each keeping its epoch as
 /// its batch.
-fn shard_of(partition: Partition, epochs: BTreeMap<u64, Vec<Record>>, features: usize) -> Shard {
+fn shard_of(
+    partition: Partition,
+    epochs: BTreeMap<u64, Vec<Record>>,
+    features: usize,
+    likelihood: &Likelihood,
+) -> Shard {
     let records: Vec<(u64, Record)> = epochs
         .into_iter()
         .flat_map(|(epoch, records)| records.into_iter().map(move |r| (epoch, r)))
@@ -421,7 +480,7 @@ fn shard_of(partition: Partition, epochs: BTreeMap<u64, Vec<Record>>, features: 
     let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].1.features[j]);
     let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
     let outputs = records.iter().map(|(_, r)| r.output).collect();
-    let data = Data::with_outputs(x, y, outputs).expect("checked on arrival");
+    let data = Data::for_model(likelihood, x, y, outputs).expect("checked on arrival");
     Shard::of_points(partition, &ids, data)
 }
 

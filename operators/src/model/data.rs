@@ -1,10 +1,37 @@
 //! A validated set of records: finite inputs and finite targets, each record
 //! observing one output of the model (always output 0 for a single-output model).
 
+use std::borrow::Cow;
+
 use nalgebra::{DMatrix, DVector};
 
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
+
+/// `x` with row `i`'s output index `output(i)` appended as its last column:
+/// the inputs of a multi-output model (see [`Data::for_model`]).
+pub fn with_output_column(x: &DMatrix<f64>, output: impl Fn(usize) -> usize) -> DMatrix<f64> {
+    let d = x.ncols();
+    DMatrix::from_fn(
+        x.nrows(),
+        d + 1,
+        |i, j| if j < d { x[(i, j)] } else { output(i) as f64 },
+    )
+}
+
+/// The inputs `likelihood`'s model reads at the rows of features `x`, row
+/// `i` as output `output(i)`: `x` itself, or for a multi-output model `x`
+/// [`with_output_column`].
+pub fn model_inputs<'a>(
+    likelihood: &Likelihood,
+    x: &'a DMatrix<f64>,
+    output: impl Fn(usize) -> usize,
+) -> Cow<'a, DMatrix<f64>> {
+    match likelihood.reads_output_index() {
+        true => Cow::Owned(with_output_column(x, output)),
+        false => Cow::Borrowed(x),
+    }
+}
 
 /// Inputs `x` (`n × d`, one record per row), targets `y` and the output each
 /// record observes. Construction refuses non-finite values, so every `Data`
@@ -63,6 +90,19 @@ impl Data {
             data.outputs = outputs;
         }
         Ok(data)
+    }
+
+    /// Records of `likelihood`'s model: a multi-output model reads each
+    /// record's output index as its last input column (its coregional kernel
+    /// does), so that column is appended to `x`; any other model's inputs
+    /// are `x` itself.
+    pub fn for_model(likelihood: &Likelihood, x: DMatrix<f64>, y: DVector<f64>, outputs: Vec<usize>) -> Result<Self> {
+        let x = match likelihood.reads_output_index() {
+            // A length mismatch is with_outputs' error to give.
+            true => with_output_column(&x, |i| outputs.get(i).copied().unwrap_or(0)),
+            false => x,
+        };
+        Data::with_outputs(x, y, outputs)
     }
 
     /// Records given as rows of features.

@@ -71,10 +71,12 @@ pub trait StreamingLearner {
     /// Predictive distributions at the rows of `x`.
     fn predict(&self, x: &DMatrix<f64>) -> Result<Vec<Predictive>> {
         let post = self.fitted()?;
-        if x.ncols() != post.d() {
+        // A multi-output model's last input, the output index, is not the caller's.
+        let features = post.d() - usize::from(self.likelihood().reads_output_index());
+        if x.ncols() != features {
             return Err(ModelError::Dimension {
                 what: "inputs".into(),
-                expected: post.d(),
+                expected: features,
                 got: x.ncols(),
             });
         }

@@ -2,7 +2,7 @@
 
 use nalgebra::DMatrix;
 
-use crate::model::data::Data;
+use crate::model::data::{model_inputs, Data};
 use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Likelihood, Predictive};
@@ -13,15 +13,17 @@ pub fn predict(post: &DualPosterior, likelihood: &Likelihood, x: &DMatrix<f64>) 
     predict_outputs(post, likelihood, x, |_| 0)
 }
 
-/// The predictive distribution of output `output(i)` at row `i` of `x`.
+/// The predictive distribution of output `output(i)` at row `i` of `x`
+/// (features only: a multi-output model's output index is appended here).
 pub fn predict_outputs(
     post: &DualPosterior,
     likelihood: &Likelihood,
     x: &DMatrix<f64>,
     output: impl Fn(usize) -> usize,
 ) -> Vec<Predictive> {
+    let x = model_inputs(likelihood, x, &output);
     let mut out = Vec::with_capacity(x.nrows());
-    post.predict_f(x)
+    post.predict_f(&x)
         .for_each_point(|i, mean, var| out.push(likelihood.predict_of(output(i), mean, var)));
     out
 }

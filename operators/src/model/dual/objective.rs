@@ -52,8 +52,7 @@ impl Objective {
 
 /// Kernel then likelihood hyperparameters by name, on their natural scale.
 pub fn named_hyperparameters(kernel: &Kernel, likelihood: &Likelihood) -> Vec<(String, f64)> {
-    let kernel_values = kernel.log_params().into_iter().map(f64::exp);
-    let mut named: Vec<(String, f64)> = kernel.param_names().into_iter().zip(kernel_values).collect();
+    let mut named = kernel.named_params();
     named.extend(likelihood.named_params());
     named
 }

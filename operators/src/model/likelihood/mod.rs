@@ -90,7 +90,6 @@ impl Likelihood {
     pub fn n_latent(&self) -> usize {
         match *self {
             Likelihood::Softmax { classes, .. } => classes,
-            Likelihood::MultiOutput(ref m) => m.n_latent(),
             _ => 1,
         }
     }
@@ -101,6 +100,18 @@ impl Likelihood {
             Likelihood::MultiOutput(m) => m.n_outputs(),
             _ => 1,
         }
+    }
+
+    /// Whether the model's inputs end with each record's output index (a
+    /// multi-output model's coregional kernel reads it there; see
+    /// [`Data::for_model`](crate::model::data::Data::for_model)).
+    pub fn reads_output_index(&self) -> bool {
+        matches!(self, Likelihood::MultiOutput(_))
+    }
+
+    /// The model's input dimension for records of `features` features.
+    pub fn input_dim(&self, features: usize) -> usize {
+        features + usize::from(self.reads_output_index())
     }
 
     /// The likelihood of output `d`: that output's own, or `self` for a
@@ -122,14 +133,11 @@ impl Likelihood {
 
     /// The site of `y` on output `d` that one undamped E-step reaches from
     /// any posterior: `Some` exactly when [`is_conjugate`](Self::is_conjugate).
-    /// Gaussian: `(y/σ², 1/σ²)`; one latent loaded by `a`: `(a y/σ², a²/σ²)`.
+    /// Gaussian: `(y/σ², 1/σ²)`, of output `d`'s own `σ²` for several outputs.
     pub fn exact_site(&self, d: usize, y: f64) -> Option<(f64, f64)> {
         match self {
             Likelihood::Gaussian { variance } => Some((y / variance, 1.0 / variance)),
-            Likelihood::MultiOutput(m) if m.is_conjugate() => {
-                let a = m.mixing[(0, d)];
-                m.outputs[d].exact_site(0, y).map(|(s1, s2)| (a * s1, a * a * s2))
-            }
+            Likelihood::MultiOutput(m) => m.outputs.get(d)?.exact_site(0, y),
             _ => None,
         }
     }
@@ -144,8 +152,8 @@ impl Likelihood {
     }
 
     /// The optimiser's coordinates: Gaussian `[log σ²]`, Student-t
-    /// `[log df, log scale]`, a multi-output model its outputs' then its
-    /// loadings (not logs: see [`MultiOutput::log_params`]), others none.
+    /// `[log df, log scale]`, a multi-output model its outputs' in output
+    /// order, others none.
     pub fn log_params(&self) -> Vec<f64> {
         match *self {
             Likelihood::Gaussian { variance } => vec![variance.ln()],
@@ -190,7 +198,8 @@ impl Likelihood {
     }
 
     /// One likelihood per output (`"gaussian,bernoulli"`) over `latents`
-    /// latents: a single entry without `latents` (or with 1) is that
+    /// latent GPs (default: one per output), which the model's coregional
+    /// kernel mixes: a single entry without `latents` (or with 1) is that
     /// likelihood itself, the single-output model.
     pub fn parse_outputs(s: &str, latents: Option<usize>) -> Result<Likelihood> {
         let outputs = s.split(',').map(Likelihood::parse).collect::<Result<Vec<_>>>()?;
@@ -428,19 +437,21 @@ mod tests {
                 Likelihood::Gaussian { variance: 2.0 },
             ]
         };
-        let one_latent =
-            MultiOutput::with_mixing(gaussians(), nalgebra::DMatrix::from_row_slice(1, 2, &[0.7, -1.3])).unwrap();
+        let mixed = vec![
+            Likelihood::Gaussian { variance: 0.3 },
+            Likelihood::Bernoulli { link: Link::Probit },
+        ];
         let cases = [
             Likelihood::Gaussian { variance: 0.3 },
             Likelihood::Bernoulli { link: Link::Probit },
-            Likelihood::MultiOutput(Box::new(one_latent)),
             Likelihood::MultiOutput(Box::new(MultiOutput::new(gaussians(), 2).unwrap())),
+            Likelihood::MultiOutput(Box::new(MultiOutput::new(mixed, 2).unwrap())),
         ];
         let (y, mean, var) = (1.7, 0.4, 0.9);
         for lik in &cases {
             for d in 0..lik.n_outputs() {
                 let exact = lik.exact_site(d, y);
-                assert_eq!(exact.is_some(), lik.is_conjugate(), "{}", lik.name());
+                assert_eq!(exact.is_some(), lik.of_output(d).is_conjugate(), "{}", lik.name());
                 let Some((s1, s2)) = exact else { continue };
                 // The E-step's undamped update from an arbitrary marginal: λ₁ = α̂ + β̂μ, λ₂ = β̂.
                 let mut e = Expectation::default();

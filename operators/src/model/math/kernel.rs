@@ -1,5 +1,6 @@
 //! Covariance functions: stationary families with shared or ARD lengthscales,
-//! a constant (bias) kernel, and sums and products of kernels.
+//! a constant (bias) kernel, sums and products of kernels, and a coregional
+//! (multi-output) kernel over latent kernels ([`Coregional`]).
 //!
 //! Every kernel gives `K(A, B)`, its diagonal, and the gradient of a scalar
 //! objective with respect to its log-parameters from `dL/dK` (analytic).
@@ -8,6 +9,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
+pub use crate::model::math::coregional::{Coregional, CROSS_LOADING};
 use crate::model::math::exp::exp_nonpositive_in_place;
 use crate::model::math::linalg::transposed;
 
@@ -47,6 +49,9 @@ pub enum Kernel {
     },
     Sum(Vec<Kernel>),
     Product(Vec<Kernel>),
+    /// Several outputs as loadings on latent kernels; the last input column
+    /// is an output (or latent) index.
+    Coregional(Coregional),
 }
 
 /// A stationary kernel's `K(A, B)` before its variance: the scaled squared
@@ -70,7 +75,7 @@ pub enum Rows {
 
 impl Rows {
     /// A zero gradient for these rows of `K(A, B)`'s inputs.
-    fn zeros(self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> Option<DMatrix<f64>> {
+    pub(super) fn zeros(self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> Option<DMatrix<f64>> {
         match self {
             Rows::Neither => None,
             Rows::OfA => Some(DMatrix::zeros(a.nrows(), a.ncols())),
@@ -88,17 +93,28 @@ impl Kernel {
         })
     }
 
-    /// Number of log-parameters, in the order of [`Kernel::log_params`].
+    /// `outputs` outputs over `latents` copies of `base` (a kernel over the
+    /// inputs without the index column), loadings started at `a_{q,d} = 1` for
+    /// `q = d mod Q` and ±[`CROSS_LOADING`] elsewhere (+ where `q + d` is even):
+    /// every output starts on a latent of its own and no loading starts at zero.
+    pub fn coregional(base: Kernel, latents: usize, outputs: usize) -> Kernel {
+        Kernel::Coregional(Coregional::new(base, latents, outputs))
+    }
+
+    /// Number of parameters, in the order of [`Kernel::log_params`].
     pub fn n_params(&self) -> usize {
         match self {
             Kernel::Stationary(s) => 1 + s.lengthscales.len(),
             Kernel::Constant { .. } | Kernel::Linear { .. } => 1,
             Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().map(Kernel::n_params).sum(),
+            Kernel::Coregional(c) => c.n_params(),
         }
     }
 
     /// Log-parameters: a stationary kernel gives `[log variance, log ℓ_1, …]`,
-    /// a constant `[log variance]`, sums and products their parts in order.
+    /// a constant `[log variance]`, sums and products their parts in order, a
+    /// coregional kernel its latents' then its loadings (as they are: they take
+    /// either sign).
     pub fn log_params(&self) -> Vec<f64> {
         match self {
             Kernel::Stationary(s) => std::iter::once(s.variance)
@@ -107,6 +123,7 @@ impl Kernel {
                 .collect(),
             Kernel::Constant { variance } | Kernel::Linear { variance } => vec![variance.ln()],
             Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().flat_map(Kernel::log_params).collect(),
+            Kernel::Coregional(c) => c.log_params(),
         }
     }
 
@@ -129,6 +146,7 @@ impl Kernel {
                     rest = tail;
                 }
             }
+            Kernel::Coregional(c) => c.set_log_params(p),
         }
     }
 
@@ -137,6 +155,21 @@ impl Kernel {
         let mut names = Vec::with_capacity(self.n_params());
         self.push_names("", &mut names);
         names
+    }
+
+    /// Names and natural-scale values, in `log_params` order: exp of each
+    /// log-parameter, a coregional kernel's loadings as they are.
+    pub fn named_params(&self) -> Vec<(String, f64)> {
+        self.param_names().into_iter().zip(self.natural_params()).collect()
+    }
+
+    /// The values behind [`named_params`](Self::named_params).
+    pub(super) fn natural_params(&self) -> Vec<f64> {
+        match self {
+            Kernel::Sum(parts) | Kernel::Product(parts) => parts.iter().flat_map(Kernel::natural_params).collect(),
+            Kernel::Coregional(c) => c.natural_params(),
+            _ => self.log_params().into_iter().map(f64::exp).collect(),
+        }
     }
 
     /// Refuses non-positive or non-finite parameters and ARD lengthscales whose count is not `d`.
@@ -152,11 +185,12 @@ impl Kernel {
             Kernel::Constant { variance } | Kernel::Linear { variance } => *variance,
             Kernel::Sum(parts) => parts.iter().map(Kernel::prior_variance).sum(),
             Kernel::Product(parts) => parts.iter().map(Kernel::prior_variance).product(),
+            Kernel::Coregional(c) => c.prior_variance(),
         }
     }
 
     /// `∂ log v / ∂ log θ` of [`prior_variance`](Self::prior_variance) `v`,
-    /// in the order of [`Kernel::log_params`].
+    /// in the order of [`Kernel::log_params`] (`∂ log v / ∂ a` for a loading).
     pub fn log_prior_variance_grad(&self) -> DVector<f64> {
         match self {
             Kernel::Stationary(s) => {
@@ -175,6 +209,7 @@ impl Kernel {
                 )
             }
             Kernel::Product(parts) => concat(parts.iter().map(Kernel::log_prior_variance_grad)),
+            Kernel::Coregional(c) => c.log_prior_variance_grad(),
         }
     }
 
@@ -199,6 +234,7 @@ impl Kernel {
                 }
                 k
             }
+            Kernel::Coregional(c) => c.matrix(a, b),
         }
     }
 
@@ -225,6 +261,7 @@ impl Kernel {
                 }
                 k
             }
+            Kernel::Coregional(c) => c.diag(a),
         }
     }
 
@@ -252,10 +289,12 @@ impl Kernel {
                 }
                 out
             }
+            Kernel::Coregional(c) => c.diag_input_grad(x),
         }
     }
 
-    /// `Σ_ij G_ij ∂K(A,B)_ij / ∂ log θ` for every log-parameter θ.
+    /// `Σ_ij G_ij ∂K(A,B)_ij / ∂ log θ` for every log-parameter θ (`∂/∂a` for a
+    /// coregional loading).
     pub fn matrix_grad(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, g: &DMatrix<f64>) -> DVector<f64> {
         self.grads(a, b, g, Rows::Neither).0
     }
@@ -349,6 +388,7 @@ impl Kernel {
                 }));
                 (theta, input)
             }
+            Kernel::Coregional(c) => c.grads(a, b, g, rows),
         }
     }
 
@@ -375,10 +415,11 @@ impl Kernel {
                     part.diag_grad(a, &gp)
                 }))
             }
+            Kernel::Coregional(c) => c.diag_grad(a, g),
         }
     }
 
-    fn push_names(&self, prefix: &str, out: &mut Vec<String>) {
+    pub(super) fn push_names(&self, prefix: &str, out: &mut Vec<String>) {
         match self {
             Kernel::Stationary(s) => {
                 let base = join(prefix, s.family.name());
@@ -393,10 +434,11 @@ impl Kernel {
             Kernel::Linear { .. } => out.push(join(prefix, "linear.variance")),
             Kernel::Sum(parts) => push_part_names(parts, &join(prefix, "sum"), out),
             Kernel::Product(parts) => push_part_names(parts, &join(prefix, "product"), out),
+            Kernel::Coregional(c) => c.push_names(prefix, out),
         }
     }
 
-    fn validate_at(&self, d: usize, prefix: &str) -> Result<()> {
+    pub(super) fn validate_at(&self, d: usize, prefix: &str) -> Result<()> {
         match self {
             Kernel::Stationary(s) => {
                 let base = join(prefix, s.family.name());
@@ -417,6 +459,7 @@ impl Kernel {
             Kernel::Linear { variance } => check_positive(&join(prefix, "linear.variance"), *variance),
             Kernel::Sum(parts) => validate_parts(parts, d, &join(prefix, "sum")),
             Kernel::Product(parts) => validate_parts(parts, d, &join(prefix, "product")),
+            Kernel::Coregional(c) => c.validate_at(d, prefix),
         }
     }
 }
@@ -708,12 +751,12 @@ fn dots(x: &DMatrix<f64>, y: &DMatrix<f64>) -> Vec<f64> {
     x.column_iter().zip(y.column_iter()).map(|(x, y)| x.dot(&y)).collect()
 }
 
-fn concat(grads: impl Iterator<Item = DVector<f64>>) -> DVector<f64> {
+pub(super) fn concat(grads: impl Iterator<Item = DVector<f64>>) -> DVector<f64> {
     let all: Vec<f64> = grads.flat_map(|g| g.data.as_vec().clone()).collect();
     DVector::from_vec(all)
 }
 
-fn join(prefix: &str, name: &str) -> String {
+pub(super) fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
         name.to_string()
     } else {
@@ -745,7 +788,7 @@ fn check_positive(name: &str, x: f64) -> Result<()> {
     }
 }
 
-fn config(msg: String) -> ModelError {
+pub(super) fn config(msg: String) -> ModelError {
     ModelError::Config(msg)
 }
 

@@ -2,6 +2,7 @@
 //! algebra, quadrature, special functions, optimisers, and the pivoted
 //! Cholesky that chooses inducing inputs.
 
+pub mod coregional;
 pub mod exp;
 pub mod inducing;
 pub mod kernel;
