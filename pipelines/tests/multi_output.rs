@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_fails_with, json_report_of};
-use dualgp_pipelines::toys::{heterogeneous, write};
+use dualgp_pipelines::toys::{heterogeneous, only_output, write};
 
 fn files(dir: &std::path::Path) -> (String, String) {
     let (train, test) = (dir.join("train.parquet"), dir.join("test.parquet"));
@@ -80,4 +80,37 @@ fn output_indices_beyond_the_likelihood_list_are_one_error_line() {
         report.to_str().unwrap(),
     ];
     assert_fails_with(&args, "has output 1 but --likelihood lists 1 output");
+}
+
+/// Batches of five records start with five inducing inputs, and the past
+/// message's products then run through nalgebra's loops for small
+/// matrices, where a transposed view on the left wrote out of bounds
+/// (heap corruption in release, an abort under debug assertions). The
+/// sparse output alone, 10 batches: every batch learns and scores.
+#[test]
+fn batches_of_five_records_learn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.parquet"), dir.path().join("test.parquet"));
+    write(&train, &only_output(&heterogeneous(250, 0), 1)).unwrap();
+    write(&test, &only_output(&heterogeneous(400, 1), 1)).unwrap();
+    let report = dir.path().join("report.json");
+    let args = [
+        "eval",
+        "--data",
+        train.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--likelihood",
+        "bernoulli",
+        "--batches",
+        "10",
+        "--order",
+        "sorted:x0",
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let json = json_report_of(&args, &report);
+    let batches = json["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 10);
+    assert!(batches.iter().all(|b| b["test_nlpd"].as_f64().unwrap().is_finite()));
 }

@@ -107,7 +107,7 @@ impl PastMessage {
             k_aa[(i, i)] += post.jitter;
         }
         // G = L₀⁻¹K_auL⁻ᵀ = Tᵀ, and tr(η̃₂L₀⁻¹K_aaL₀⁻ᵀ) = tr(η₂K_aa).
-        let g_gt = transposed(t) * t;
+        let g_gt = t.transpose() * t;
         let k_inv = factors.k_inv();
         let (mut g_ab, mut g_aa, mut g_bb) = (
             DMatrix::zeros(cross.nrows(), cross.ncols()),
@@ -123,7 +123,7 @@ impl PastMessage {
             let l = cross.tr_mul(eta1);
             let eta2_cross = eta2 * cross;
             // As one matrix product: nalgebra's `tr_mul` takes a dot product per entry.
-            let lambda = transposed(cross) * &eta2_cross;
+            let lambda = cross.transpose() * &eta2_cross;
             // E = η₁ᵀK_auw − ½wᵀΛw − ½tr(ΛR⁻¹) − ½tr(η₂K_aa) + ½tr(η₂K_auK⁻¹K_ua), with
             // w = K⁻¹μ and R⁻¹ = K⁻¹SK⁻¹ following K as q(u) = N(μ, S) is held.
             let outer = w_c * w_c.transpose() + r_inv - k_inv;

@@ -208,6 +208,9 @@ pub fn column_sq_norms(a: &DMatrix<f64>) -> DVector<f64> {
 }
 
 /// The transpose of a column-major matrix as a strided view, without a copy.
+/// Only ever the right operand of a product: on the left, nalgebra's path
+/// for products with a dimension of 5 or less writes out of bounds
+/// (nalgebra 0.35; `the_transposed_view_is_a_safe_right_operand_at_every_size`).
 pub fn transposed(a: &DMatrix<f64>) -> DMatrixView<'_, f64, Dyn, Dyn> {
     DMatrixView::from_slice_with_strides(a.as_slice(), a.ncols(), a.nrows(), a.nrows(), 1)
 }
@@ -317,6 +320,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// As the right operand of a product or of `gemm`, the strided view is
+    /// the copied transpose at every size, the small ones (nalgebra's own
+    /// loops, not matrixmultiply) included. Under debug assertions a write
+    /// out of bounds would abort here.
+    #[test]
+    fn the_transposed_view_is_a_safe_right_operand_at_every_size() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for (r, c, k) in triples(&[1, 2, 3, 6, 9]) {
+            let a = DMatrix::from_fn(r, c, |_, _| rng.random_range(-1.0..1.0));
+            let b = DMatrix::from_fn(k, c, |_, _| rng.random_range(-1.0..1.0));
+            let want = &b * a.transpose();
+            assert_eq!(&b * transposed(&a), want, "{r} {c} {k}");
+            let mut got = DMatrix::zeros(k, r);
+            got.gemm(1.0, &b, &transposed(&a), 0.0);
+            assert_eq!(got, want, "gemm {r} {c} {k}");
+        }
+    }
+
+    fn triples(sizes: &[usize]) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        for &r in sizes {
+            for &c in sizes {
+                for &k in sizes {
+                    out.push((r, c, k));
+                }
+            }
+        }
+        out
     }
 
     #[test]
