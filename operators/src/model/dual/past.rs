@@ -9,7 +9,7 @@ use nalgebra::{DMatrix, DVector};
 
 use crate::model::dual::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
 use crate::model::math::kernel::Rows;
-use crate::model::math::linalg::{solve_lower_transposed_matrix_in_place, symmetrize, transposed};
+use crate::model::math::linalg::{solve_lower_transposed_matrix_in_place, symmetrize};
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
 /// Cholesky factor `L₀` of the `K₀` it was formed under (`η̃₁ = L₀ᵀη₁ =
