@@ -53,7 +53,8 @@ pub fn inspect(path: &Path) -> Result<ModelSummary> {
         likelihood: learner.likelihood.name(),
         hyperparameters,
         inducing: posterior.map_or(0, |p| p.m()),
-        features: posterior.map(|p| p.d()),
+        // A multi-output model's last input is the output index, not a feature.
+        features: posterior.map(|p| p.d() - usize::from(learner.likelihood.reads_output_index())),
         memory: learner.memory.len(),
         records_seen: learner.n_seen,
         batches: learner.batches,
