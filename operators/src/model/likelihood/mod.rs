@@ -109,11 +109,6 @@ impl Likelihood {
         matches!(self, Likelihood::MultiOutput(_))
     }
 
-    /// The model's input dimension for records of `features` features.
-    pub fn input_dim(&self, features: usize) -> usize {
-        features + usize::from(self.reads_output_index())
-    }
-
     /// The likelihood of output `d`: that output's own, or `self` for a
     /// single-output model.
     pub fn of_output(&self, d: usize) -> &Likelihood {
@@ -132,7 +127,8 @@ impl Likelihood {
     }
 
     /// The site of `y` on output `d` that one undamped E-step reaches from
-    /// any posterior: `Some` exactly when [`is_conjugate`](Self::is_conjugate).
+    /// any posterior: `Some` exactly when output `d`'s likelihood is
+    /// conjugate (for every `d` when [`is_conjugate`](Self::is_conjugate)).
     /// Gaussian: `(y/σ², 1/σ²)`, of output `d`'s own `σ²` for several outputs.
     pub fn exact_site(&self, d: usize, y: f64) -> Option<(f64, f64)> {
         match self {
