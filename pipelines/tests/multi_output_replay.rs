@@ -202,6 +202,29 @@ fn replayed_predictions_of_each_output_are_the_final_models_by_the_library() {
     assert!(gaussian.iter().zip(&bernoulli).any(|(g, b)| g != b));
 }
 
+/// One worker and two write the same predictions, own and every output's,
+/// to the bit: the coregional kernel's sums are added per block of ids, as
+/// a single output's are.
+#[test]
+fn one_worker_and_two_predict_every_output_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("stream.parquet");
+    write_rows(&data, &stream(), true);
+    let predictions = |workers: usize| {
+        let output = dir.path().join(format!("predictions_{workers}.parquet"));
+        let args = ReplayArgs {
+            workers,
+            ..args(&data, &output)
+        };
+        replay::run(&args, |_, _| {}).unwrap().unwrap();
+        read_parquet(&output)
+    };
+    let (one, two) = (predictions(1), predictions(2));
+    for name in ["mean", "var", "p1", "output0_mean", "output0_var", "output1_p1"] {
+        assert_eq!(column(&one, name), column(&two, name), "{name}: workers differ");
+    }
+}
+
 #[test]
 fn bad_output_indices_are_dead_letters_by_reason() {
     let dir = tempfile::tempdir().unwrap();
