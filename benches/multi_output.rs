@@ -47,16 +47,23 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("multi_output");
     group.throughput(Throughput::Elements(BATCH as u64));
     group.sample_size(20);
+    let gaussian = Likelihood::Gaussian { variance: 0.1 };
     let outputs = vec![
-        Likelihood::Gaussian { variance: 0.1 },
+        gaussian.clone(),
         Likelihood::Bernoulli { link: Link::Probit },
         Likelihood::Poisson,
     ];
     let models = [
-        ("single_gaussian", Likelihood::Gaussian { variance: 0.1 }),
+        ("single_gaussian", gaussian.clone()),
         (
             "d3_q2",
             Likelihood::MultiOutput(Box::new(MultiOutput::new(outputs, 2).unwrap())),
+        ),
+        // The same model with Gaussian outputs: the coregional kernel's cost
+        // apart from the quadrature Bernoulli and Poisson outputs need.
+        (
+            "d3_q2_gaussian",
+            Likelihood::MultiOutput(Box::new(MultiOutput::new(vec![gaussian; 3], 2).unwrap())),
         ),
     ];
     for (name, lik) in models {

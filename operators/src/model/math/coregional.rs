@@ -15,7 +15,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::Result;
-use crate::model::math::kernel::{concat, config, join, Kernel, Rows};
+use crate::model::math::kernel::{concat, config, join, Kernel, Profile, Rows};
 
 /// The size of every starting loading but the one tying each output to its own
 /// latent (see [`Kernel::coregional`]).
@@ -237,14 +237,35 @@ impl Coregional {
         out
     }
 
+    /// [`matrix`](Self::matrix) and each latent's [`Profile`] of it.
+    pub(super) fn matrix_with_profiles(
+        &self,
+        a: &DMatrix<f64>,
+        b: &DMatrix<f64>,
+    ) -> (DMatrix<f64>, Vec<Option<Profile>>) {
+        let ((_, wa), (_, wb)) = (self.weights(a), self.weights(b));
+        let (a_bar, b_bar) = (coordinates(a), coordinates(b));
+        let mut k = DMatrix::zeros(a.nrows(), b.nrows());
+        let profiles = (self.latents.iter().enumerate())
+            .map(|(q, latent)| {
+                let (k_q, profile) = latent.matrix_with_profile(&a_bar, &b_bar);
+                k += scaled(k_q, &wa[q], &wb[q]);
+                profile
+            })
+            .collect();
+        (k, profiles)
+    }
+
     /// Each latent sees `G_q = diag(w_q(A)) G diag(w_q(B))`; a loading
     /// `a_{q,e}` is the weight of every output-`e` row on either side.
+    /// `profiles`: each latent's, from [`matrix_with_profiles`](Self::matrix_with_profiles).
     pub(super) fn grads(
         &self,
         a: &DMatrix<f64>,
         b: &DMatrix<f64>,
         g: &DMatrix<f64>,
         rows: Rows,
+        profiles: Option<&[Option<Profile>]>,
     ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         let ((roles_a, wa), (roles_b, wb)) = (self.weights(a), self.weights(b));
         let (a_bar, b_bar) = (coordinates(a), coordinates(b));
@@ -252,9 +273,19 @@ impl Coregional {
         let mut input = rows.zeros(a, b);
         let mut mixing = DMatrix::zeros(self.mixing.nrows(), self.mixing.ncols());
         let latents = concat(self.latents.iter().enumerate().map(|(q, latent)| {
-            let (k, profile) = latent.matrix_with_profile(&a_bar, &b_bar);
+            // The latent's matrix and profile as kept, else made anew.
+            let kept = profiles.and_then(|p| p.get(q)).and_then(Option::as_ref);
+            let made;
+            let (k, profile) = match kept.and_then(|p| latent.matrix_from(p).map(|k| (k, p))) {
+                Some((k, p)) => (k, Some(p)),
+                None => {
+                    let k;
+                    (k, made) = latent.matrix_with_profile(&a_bar, &b_bar);
+                    (k, made.as_ref())
+                }
+            };
             let g_q = scaled(g.clone(), &wa[q], &wb[q]);
-            let (theta, latent_input) = latent.grads_from(&a_bar, &b_bar, &g_q, rows, profile.as_ref());
+            let (theta, latent_input) = latent.grads_from(&a_bar, &b_bar, &g_q, rows, profile);
             if let (Some(total), Some(part)) = (input.as_mut(), latent_input) {
                 let mut coords = total.columns_mut(0, part.ncols());
                 coords += part;
@@ -543,6 +574,24 @@ mod tests {
                 let analytic = kernel.matrix_grad(&a, x, &g);
                 let numeric = finite_diff(&kernel, |k| k.matrix(&a, x).component_mul(&g).sum());
                 assert_grad_close(&kernel, &analytic, &numeric, &format!("{kernel:?} {what}"));
+            }
+        }
+    }
+
+    /// The matrix and gradients from the latents' kept profiles are those
+    /// made afresh, to the bit (the M-step's shards reuse the profiles).
+    #[test]
+    fn kept_profiles_give_the_same_bits() {
+        let mut rng = ChaCha8Rng::seed_from_u64(26);
+        for (kernel, q, d) in cases(&mut rng) {
+            let a = mixed_rows(&mut rng, 11, q, d);
+            let b = mixed_rows(&mut rng, 8, q, d);
+            let g = DMatrix::from_fn(a.nrows(), b.nrows(), |_, _| rng.random_range(-1.0..1.0));
+            let (k, profile) = kernel.matrix_with_profile(&a, &b);
+            assert_eq!(k, kernel.matrix(&a, &b), "{kernel:?}");
+            for rows in [Rows::Neither, Rows::OfA, Rows::OfB] {
+                let kept = kernel.grads_from(&a, &b, &g, rows, profile.as_ref());
+                assert_eq!(kept, kernel.grads(&a, &b, &g, rows), "{kernel:?} {rows:?}");
             }
         }
     }

@@ -54,11 +54,19 @@ pub enum Kernel {
     Coregional(Coregional),
 }
 
-/// A stationary kernel's `K(A, B)` before its variance: the scaled squared
-/// distances `R²`, the profile `f(R²)` and its slope `f'(R²)`. What its
-/// gradient needs again, kept beside the kernel columns an M-step reuses.
+/// What a kernel's gradient needs again of `K(A, B)`, kept beside the kernel
+/// columns an M-step reuses.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Profile {
+pub enum Profile {
+    Radial(Radial),
+    /// A coregional kernel's: each latent's, in latent order.
+    Latents(Vec<Option<Profile>>),
+}
+
+/// A stationary kernel's `K(A, B)` before its variance: the scaled squared
+/// distances `R²`, the profile `f(R²)` and its slope `f'(R²)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Radial {
     r2: DMatrix<f64>,
     values: DMatrix<f64>,
     slopes: DMatrix<f64>,
@@ -324,13 +332,26 @@ impl Kernel {
     /// [`grads_from`](Self::grads_from) starts without the distances and
     /// exponentials again.
     pub fn matrix_with_profile(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> (DMatrix<f64>, Option<Profile>) {
+        assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
         match self {
             Kernel::Stationary(s) => {
-                assert_eq!(a.ncols(), b.ncols(), "kernel: inputs have different numbers of columns");
-                let profile = s.profile(a, b, None);
-                (&profile.values * s.variance, Some(profile))
+                let radial = s.profile(a, b, None);
+                (&radial.values * s.variance, Some(Profile::Radial(radial)))
+            }
+            Kernel::Coregional(c) => {
+                let (k, latents) = c.matrix_with_profiles(a, b);
+                (k, Some(Profile::Latents(latents)))
             }
             _ => (self.matrix(a, b), None),
+        }
+    }
+
+    /// `K(A, B)` again from its [`Profile`], where the profile holds it all (a
+    /// stationary kernel's, the same bits as [`matrix`](Self::matrix)).
+    pub(super) fn matrix_from(&self, profile: &Profile) -> Option<DMatrix<f64>> {
+        match (self, profile) {
+            (Kernel::Stationary(s), Profile::Radial(radial)) => Some(&radial.values * s.variance),
+            _ => None,
         }
     }
 
@@ -348,7 +369,13 @@ impl Kernel {
         assert_eq!(g.shape(), (a.nrows(), b.nrows()), "kernel: dL/dK has the wrong shape");
         let zeros = || rows.zeros(a, b);
         match self {
-            Kernel::Stationary(s) => s.grads(a, b, g, rows, profile),
+            Kernel::Stationary(s) => {
+                let radial = match profile {
+                    Some(Profile::Radial(radial)) => Some(radial),
+                    _ => None,
+                };
+                s.grads(a, b, g, rows, radial)
+            }
             Kernel::Constant { variance } => (DVector::from_element(1, variance * g.sum()), zeros()),
             // ∂K/∂log σ² = K; ∂(σ² a_iᵀb_j)/∂a_i = σ² b_j.
             Kernel::Linear { variance } => {
@@ -388,7 +415,13 @@ impl Kernel {
                 }));
                 (theta, input)
             }
-            Kernel::Coregional(c) => c.grads(a, b, g, rows),
+            Kernel::Coregional(c) => {
+                let latents = match profile {
+                    Some(Profile::Latents(latents)) => Some(&latents[..]),
+                    _ => None,
+                };
+                c.grads(a, b, g, rows, latents)
+            }
         }
     }
 
@@ -578,11 +611,11 @@ impl Stationary {
     }
 
     /// `K(A, B)`'s [`Profile`] (from the `scaled` inputs, if given).
-    fn profile(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, scaled: Option<&(DMatrix<f64>, DMatrix<f64>)>) -> Profile {
+    fn profile(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, scaled: Option<&(DMatrix<f64>, DMatrix<f64>)>) -> Radial {
         let r2 = self.scaled_sq_dist(a, b, scaled);
         let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(a.nrows(), b.nrows()));
         self.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
-        Profile { r2, values, slopes }
+        Radial { r2, values, slopes }
     }
 
     /// `∂K/∂log σ² = K`, and `∂K/∂log ℓ_k = σ² f'(r²) · (−2 Δ_k²/ℓ_k²)`,
@@ -595,7 +628,7 @@ impl Stationary {
         b: &DMatrix<f64>,
         g: &DMatrix<f64>,
         rows: Rows,
-        profile: Option<&Profile>,
+        profile: Option<&Radial>,
     ) -> (DVector<f64>, Option<DMatrix<f64>>) {
         let mut grad = DVector::zeros(1 + self.lengthscales.len());
         if a.nrows() == 0 || b.nrows() == 0 {
@@ -609,7 +642,7 @@ impl Stationary {
         };
         let (a_u, b_u) = scaled.as_ref().map_or((a, b), |(a_s, b_s)| (a_s, b_s));
         let made;
-        let Profile { r2, values, slopes } = match profile {
+        let Radial { r2, values, slopes } = match profile {
             Some(profile) => profile,
             None => {
                 made = self.profile(a, b, scaled.as_ref());
