@@ -85,10 +85,15 @@ struct Workers<'a> {
 
 impl Workers<'_> {
     fn answer(&mut self, query: Query) -> Answer {
+        self.send(query).unwrap_or_else(|| self.receive())
+    }
+
+    /// Hands `query` to the operator, or answers it at once (`Some`).
+    fn send(&mut self, query: Query) -> Option<Answer> {
         // The round that announced the batch has already answered this one.
         if matches!(query, Query::Arrivals) {
             if let Some(arrivals) = self.arrivals.take() {
-                return arrivals;
+                return Some(arrivals);
             }
         }
         // The workers take up the new model with Finish: it must be usable.
@@ -100,6 +105,11 @@ impl Workers<'_> {
         if !self.steps.send(Step::Asks(Box::new(query))) {
             resume_unwind(Box::new(Stop::Abandoned));
         }
+        None
+    }
+
+    /// The merged answer to the question sent last.
+    fn receive(&mut self) -> Answer {
         match self.jobs.next() {
             Some(Job::Answer(answer)) => answer,
             Some(Job::Abort(why)) => resume_unwind(Box::new(Stop::Fails(why))),
@@ -114,6 +124,12 @@ impl Workers<'_> {
 impl Shards for Workers<'_> {
     fn ask(&mut self, query: Query) -> impl Future<Output = Answer> {
         std::future::ready(self.answer(query))
+    }
+
+    fn ask_beside<T>(&mut self, query: Query, work: impl FnOnce() -> T) -> impl Future<Output = (Answer, T)> {
+        let sent = self.send(query);
+        let done = work();
+        std::future::ready((sent.unwrap_or_else(|| self.receive()), done))
     }
 }
 

@@ -16,6 +16,15 @@ use crate::model::likelihood::Likelihood;
 /// Asks every shard the same question and merges their answers.
 pub trait Shards {
     fn ask(&mut self, query: Query) -> impl Future<Output = Answer>;
+
+    /// [`ask`](Self::ask), doing `work` meanwhile where the shards answer on
+    /// other threads (a local shard answers first).
+    fn ask_beside<T>(&mut self, query: Query, work: impl FnOnce() -> T) -> impl Future<Output = (Answer, T)> {
+        async move {
+            let answer = self.ask(query).await;
+            (answer, work())
+        }
+    }
 }
 
 /// A process's own shard, which answers at once.
@@ -92,7 +101,12 @@ pub async fn e_steps_beside(
 
 /// Summed [`Answer::Totals`] (zero if no shard holds a point).
 pub async fn totals(shards: &mut impl Shards, post: &DualPosterior, query: Query) -> Result<Vec<Sites>> {
-    match shards.ask(query).await {
+    totals_in(shards.ask(query).await, post)
+}
+
+/// The site totals an answer holds (zero where no shard held points).
+pub fn totals_in(answer: Answer, post: &DualPosterior) -> Result<Vec<Sites>> {
+    match answer {
         Answer::Totals(t) => Ok(t.total()),
         Answer::Nothing => Ok(vec![Sites::zeros(post.m()); post.n_latent()]),
         other => Err(unexpected("site totals", &other)),

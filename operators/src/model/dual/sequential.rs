@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 pub use crate::model::dual::ask::Shards;
-use crate::model::dual::ask::{at_once, e_steps_beside, totals, unexpected, Local};
+use crate::model::dual::ask::{at_once, e_steps_beside, totals, totals_in, unexpected, Local};
 use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
@@ -670,7 +670,7 @@ impl SequentialLearner {
                 let mut theta = theta;
                 for _ in 0..self.config.m_steps {
                     evaluations += 1;
-                    let (_, grad) = self.objective(shards, memory_weight, past.as_ref()).await?;
+                    let (_, grad) = self.objective(shards, memory_weight, past.as_mut()).await?;
                     self.adam.step(&mut theta, &grad);
                     self.set_hyperparameters(&theta, past.as_mut())?;
                 }
@@ -683,12 +683,12 @@ impl SequentialLearner {
                 let refits = self.config.relearn_in_m_step && past.is_some();
                 while let Some(theta) = search.next_point() {
                     evaluations += 1;
-                    let set = match past.as_mut() {
-                        Some(past) if refits => self.set_hyperparameters_to_refit(theta, past),
-                        past => self.set_hyperparameters(theta, past),
+                    let set = match refits {
+                        true => self.set_hyperparameters_to_refit(theta),
+                        false => self.set_hyperparameters(theta, past.as_mut()),
                     };
                     let outcome = match set {
-                        Ok(()) => self.objective(shards, memory_weight, past.as_ref()).await,
+                        Ok(()) => self.objective(shards, memory_weight, past.as_mut()).await,
                         Err(e) => Err(e),
                     };
                     if let Ok((value, _)) = &outcome {
@@ -770,10 +770,10 @@ impl SequentialLearner {
         &mut self,
         shards: &mut impl Shards,
         memory_weight: f64,
-        past: Option<&Past>,
+        mut past: Option<&mut Past>,
     ) -> Result<(f64, DVector<f64>)> {
         if self.config.relearn_in_m_step {
-            match past {
+            match past.as_deref_mut() {
                 Some(past) => self.refit(shards, past).await?,
                 None if self.likelihood.is_conjugate() => {
                     self.relearn_with(shards, EStepConfig { steps: 1, rho: 1.0 }).await?
@@ -788,28 +788,20 @@ impl SequentialLearner {
             memory_weight,
             with_z,
         };
-        let terms = match shards.ask(query).await {
-            Answer::Terms(terms) => terms.total(),
-            other => return Err(unexpected("M-step terms", &other)),
-        };
         let (post, likelihood) = (self.require()?, &self.likelihood);
-        let finish = || terms.finish(post, likelihood, past.map(|p| p.sites.as_slice()));
-        let conditional = |past: &Past| -> Vec<ConditionalTerm> {
+        let past = past.as_deref();
+        // The messages' conditional terms need no answer: made while the shards work.
+        let conditional = || -> Vec<ConditionalTerm> {
+            let Some(past) = past else { return Vec::new() };
             (past.messages.iter().zip(&past.seen))
                 .map(|(message, seen)| message.conditional_term(post, seen, with_z))
                 .collect()
         };
-        // The messages' conditional terms on a thread of their own beside the
-        // rest: the shards wait for both, so their cores are free meanwhile.
-        let (mut objective, conditional) = match past {
-            None => (finish(), Vec::new()),
-            Some(past) => std::thread::scope(|scope| {
-                let terms = scope.spawn(|| conditional(past));
-                let objective = finish();
-                let terms = terms.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                (objective, terms)
-            }),
+        let (terms, conditional) = match shards.ask_beside(query, conditional).await {
+            (Answer::Terms(terms), conditional) => (terms.total(), conditional),
+            (other, _) => return Err(unexpected("M-step terms", &other)),
         };
+        let mut objective = terms.finish(post, likelihood, past.map(|p| p.sites.as_slice()));
         for term in conditional {
             objective.value += term.value;
             let mut kernel_part = objective.grad.rows_mut(0, term.grad.len());
@@ -824,8 +816,13 @@ impl SequentialLearner {
     /// Re-learns the points that answer under the current `θ`: the totals
     /// are `past`'s sites and the points' contribution under new columns,
     /// with exact sites for a conjugate likelihood, else after E-steps.
-    async fn refit(&mut self, shards: &mut impl Shards, past: &Past) -> Result<()> {
-        let here = self.totals(shards, Query::Refit { model: self.current() }).await?;
+    async fn refit(&mut self, shards: &mut impl Shards, past: &mut Past) -> Result<()> {
+        let query = Query::Refit { model: self.current() };
+        // Past data's sites under the new `θ` and `Z`, made while the shards refit.
+        let post = self.require()?;
+        let (answer, sites) = shards.ask_beside(query, || past.whitened(post)).await;
+        past.sites = sites;
+        let here = totals_in(answer, post)?;
         let post = self.posterior.as_mut().expect("initialised");
         for ((totals, past), here) in post.whitened.iter_mut().zip(&past.sites).zip(&here) {
             totals.clone_from(past);
@@ -861,12 +858,10 @@ impl SequentialLearner {
 
     /// [`set_hyperparameters`](Self::set_hyperparameters) before a
     /// [`refit`](Self::refit), which sets the totals anew from past data's
-    /// sites: only `K`'s factor and those sites follow `θ` here.
-    fn set_hyperparameters_to_refit(&mut self, point: &DVector<f64>, past: &mut Past) -> Result<()> {
+    /// sites (made there): only `K`'s factor follows `θ` here.
+    fn set_hyperparameters_to_refit(&mut self, point: &DVector<f64>) -> Result<()> {
         let post = self.posterior.as_mut().expect("initialised");
-        post.change_dropping_totals(move_to(point, &mut self.likelihood))?;
-        past.sites = past.whitened(post);
-        Ok(())
+        post.change_dropping_totals(move_to(point, &mut self.likelihood))
     }
 
     /// Step 5: new memory points by their reservoir keys (BLS-weighted at the
