@@ -826,7 +826,7 @@ pub(super) fn config(msg: String) -> ModelError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -892,7 +892,15 @@ mod tests {
 
     /// Central differences of `objective` in each log-parameter.
     fn finite_diff(kernel: &Kernel, objective: impl Fn(&Kernel) -> f64) -> Vec<f64> {
-        let h = 1e-5;
+        finite_diff_step(kernel, 1e-5, objective)
+    }
+
+    /// [`finite_diff`] with step `h` in each of the kernel's coordinates.
+    pub(in crate::model::math) fn finite_diff_step(
+        kernel: &Kernel,
+        h: f64,
+        objective: impl Fn(&Kernel) -> f64,
+    ) -> Vec<f64> {
         let p0 = kernel.log_params();
         (0..p0.len())
             .map(|i| {
@@ -910,9 +918,21 @@ mod tests {
     }
 
     fn assert_grad_close(kernel: &Kernel, analytic: &DVector<f64>, numeric: &[f64], what: &str) {
+        assert_grads_within(kernel, analytic, numeric, 1e-8, what);
+    }
+
+    /// Each coordinate's analytic gradient within 1e-5 of the finite
+    /// difference, relative to it (or to `floor` where it is smaller).
+    pub(in crate::model::math) fn assert_grads_within(
+        kernel: &Kernel,
+        analytic: &DVector<f64>,
+        numeric: &[f64],
+        floor: f64,
+        what: &str,
+    ) {
         assert_eq!(analytic.len(), numeric.len(), "{what}: gradient length");
         for ((name, &a), &n) in kernel.param_names().iter().zip(analytic.iter()).zip(numeric) {
-            let rel = (a - n).abs() / n.abs().max(1e-8);
+            let rel = (a - n).abs() / n.abs().max(floor);
             assert!(
                 rel < 1e-5,
                 "{what} {name}: analytic {a} vs finite difference {n} (rel {rel:e})"
@@ -1017,21 +1037,27 @@ mod tests {
             ]),
             Kernel::Linear { variance: 0.3 },
         ]));
-        let h = 1e-6;
         for kernel in kernels {
-            let analytic = kernel.diag_input_grad(&x);
-            for k in 0..x.len() {
-                let (mut plus, mut minus) = (x, x);
-                plus[k] += h;
-                minus[k] -= h;
-                let diag = |p: &[f64]| kernel.diag(&DMatrix::from_row_slice(1, 3, p))[0];
-                let numeric = (diag(&plus) - diag(&minus)) / (2.0 * h);
-                assert!(
-                    (analytic[k] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
-                    "{kernel:?} ∂k(x,x)/∂x[{k}]: {} vs {numeric}",
-                    analytic[k]
-                );
-            }
+            assert_diag_input_grad(&kernel, &x, x.len());
+        }
+    }
+
+    /// `∂k(x, x)/∂x` against central differences in the first `coordinates`
+    /// inputs of `x`.
+    pub(in crate::model::math) fn assert_diag_input_grad(kernel: &Kernel, x: &[f64], coordinates: usize) {
+        let h = 1e-6;
+        let analytic = kernel.diag_input_grad(x);
+        let diag = |p: &[f64]| kernel.diag(&DMatrix::from_row_slice(1, p.len(), p))[0];
+        for k in 0..coordinates {
+            let (mut plus, mut minus) = (x.to_vec(), x.to_vec());
+            plus[k] += h;
+            minus[k] -= h;
+            let numeric = (diag(&plus) - diag(&minus)) / (2.0 * h);
+            assert!(
+                (analytic[k] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
+                "{kernel:?} ∂k(x,x)/∂x[{k}] at {x:?}: {} vs {numeric}",
+                analytic[k]
+            );
         }
     }
 
