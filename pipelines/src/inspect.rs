@@ -53,8 +53,7 @@ pub fn inspect(path: &Path) -> Result<ModelSummary> {
         likelihood: learner.likelihood.name(),
         hyperparameters,
         inducing: posterior.map_or(0, |p| p.m()),
-        // A multi-output model's last input is the output index, not a feature.
-        features: posterior.map(|p| p.d() - usize::from(learner.likelihood.reads_output_index())),
+        features: posterior.map(|p| learner.likelihood.features(p.d())),
         memory: learner.memory.len(),
         records_seen: learner.n_seen,
         batches: learner.batches,

@@ -20,6 +20,7 @@ use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
 use crate::model::data::model_inputs;
 use crate::model::dual::point::PointId;
+use crate::model::dual::posterior::Marginals;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
@@ -48,20 +49,6 @@ struct Scorer {
     all_outputs: bool,
 }
 
-/// Latent marginals of some rows, `q` values a row.
-struct Marginals {
-    q: usize,
-    mean: Vec<f64>,
-    var: Vec<f64>,
-}
-
-impl Marginals {
-    fn at(&self, i: usize) -> (&[f64], &[f64]) {
-        let rows = i * self.q..(i + 1) * self.q;
-        (&self.mean[rows.clone()], &self.var[rows])
-    }
-}
-
 /// One record's score: its output's predictive, its label's log density, and
 /// (when asked for) every output's predictive.
 type Scored = (Predictive, Option<f64>, Vec<Predictive>);
@@ -72,28 +59,26 @@ impl Scorer {
     fn score(&self, records: &[&Record], features: usize) -> Vec<Scored> {
         let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
         let likelihood = self.likelihood();
-        let own = self.marginals(&x, |i| records[i].output);
         // Every output's predictive needs each output's own latent marginal.
-        let every: Vec<Marginals> = match self.all_outputs {
-            true => (0..likelihood.n_outputs()).map(|o| self.marginals(&x, |_| o)).collect(),
-            false => Vec::new(),
-        };
-        (0..records.len())
-            .map(|i| {
-                let (mean, var) = own.at(i);
+        let mut every: Vec<Vec<Predictive>> = vec![Vec::new(); records.len()];
+        if self.all_outputs {
+            for o in 0..likelihood.n_outputs() {
+                self.marginals(&x, |_| o)
+                    .for_each_point(|i, mean, var| every[i].push(likelihood.predict_of(o, mean, var)));
+            }
+        }
+        let mut out = Vec::with_capacity(records.len());
+        self.marginals(&x, |i| records[i].output)
+            .for_each_point(|i, mean, var| {
                 let d = records[i].output;
                 let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
-                let all = every
-                    .iter()
-                    .enumerate()
-                    .map(|(o, marginals)| {
-                        let (mean, var) = marginals.at(i);
-                        likelihood.predict_of(o, mean, var)
-                    })
-                    .collect();
-                (likelihood.predict_of(d, mean, var), density, all)
-            })
-            .collect()
+                out.push((
+                    likelihood.predict_of(d, mean, var),
+                    density,
+                    std::mem::take(&mut every[i]),
+                ));
+            });
+        out
     }
 
     fn likelihood(&self) -> &Likelihood {
@@ -103,30 +88,22 @@ impl Scorer {
         }
     }
 
-    /// Each row's latent marginal `(means, variances)` as output `output(i)`
+    /// The latent marginals at the rows of `x`, row `i` as output `output(i)`
     /// (a multi-output model reads the index as its last input).
     fn marginals(&self, x: &DMatrix<f64>, output: impl Fn(usize) -> usize) -> Marginals {
         let likelihood = self.likelihood();
         let x = model_inputs(likelihood, x, output);
-        let q = likelihood.n_latent();
-        let mut out = Marginals {
-            q,
-            mean: Vec::with_capacity(x.nrows() * q),
-            var: Vec::with_capacity(x.nrows() * q),
-        };
         match &self.model {
-            Model::Learned(model) => model.posterior.predict_f(&x).for_each_point(|_, mean, var| {
-                out.mean.extend_from_slice(mean);
-                out.var.extend_from_slice(var);
-            }),
+            Model::Learned(model) => model.posterior.predict_f(&x),
             Model::Prior { kernel, .. } => {
-                for v in kernel.diag(&x).iter() {
-                    out.mean.extend(std::iter::repeat_n(0.0, q));
-                    out.var.extend(std::iter::repeat_n(*v, q));
+                let prior = kernel.diag(&x);
+                let q = likelihood.n_latent();
+                Marginals {
+                    mean: DMatrix::zeros(x.nrows(), q),
+                    var: DMatrix::from_fn(x.nrows(), q, |i, _| prior[i]),
                 }
             }
         }
-        out
     }
 
     /// Refuses the records that cannot be used and scores those that ask to

@@ -71,8 +71,7 @@ pub trait StreamingLearner {
     /// Predictive distributions at the rows of `x`.
     fn predict(&self, x: &DMatrix<f64>) -> Result<Vec<Predictive>> {
         let post = self.fitted()?;
-        // A multi-output model's last input, the output index, is not the caller's.
-        let features = post.d() - usize::from(self.likelihood().reads_output_index());
+        let features = self.likelihood().features(post.d());
         if x.ncols() != features {
             return Err(ModelError::Dimension {
                 what: "inputs".into(),

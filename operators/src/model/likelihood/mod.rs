@@ -109,6 +109,12 @@ impl Likelihood {
         matches!(self, Likelihood::MultiOutput(_))
     }
 
+    /// How many of a model's `inputs` are the records' features (all but
+    /// the output index a multi-output model reads).
+    pub fn features(&self, inputs: usize) -> usize {
+        inputs - usize::from(self.reads_output_index())
+    }
+
     /// The likelihood of output `d`: that output's own, or `self` for a
     /// single-output model.
     pub fn of_output(&self, d: usize) -> &Likelihood {

@@ -962,23 +962,40 @@ pub(super) mod tests {
         // Perturb A off B's rows: Matérn-1/2 has a kink where points coincide.
         let a = a.map(|v| v + 0.013);
         let g = random_matrix(&mut rng, a.nrows(), b.nrows(), -1.0, 1.0);
-        let h = 1e-6;
         for kernel in all_kernels() {
             let analytic = kernel.input_grad(&a, &b, &g);
-            for i in 0..a.nrows() {
-                for k in 0..a.ncols() {
-                    let (mut plus, mut minus) = (a.clone(), a.clone());
-                    plus[(i, k)] += h;
-                    minus[(i, k)] -= h;
-                    let value = |x: &DMatrix<f64>| kernel.matrix(x, &b).component_mul(&g).sum();
-                    let numeric = (value(&plus) - value(&minus)) / (2.0 * h);
-                    let err = (analytic[(i, k)] - numeric).abs() / numeric.abs().max(1e-6);
-                    assert!(
-                        err < 1e-5,
-                        "{kernel:?} ∂/∂a[{i},{k}]: {} vs {numeric}",
-                        analytic[(i, k)]
-                    );
-                }
+            assert_input_grad(&kernel, (&a, &b, &g), Rows::OfA, &analytic, a.ncols());
+        }
+    }
+
+    /// `input`, the gradient of `Σ G ∘ K(A, B)` in the rows of `A` or of `B`
+    /// (`rows`), against central differences in their first `coordinates` columns.
+    pub(in crate::model::math) fn assert_input_grad(
+        kernel: &Kernel,
+        (a, b, g): (&DMatrix<f64>, &DMatrix<f64>, &DMatrix<f64>),
+        rows: Rows,
+        input: &DMatrix<f64>,
+        coordinates: usize,
+    ) {
+        let h = 1e-6;
+        let value = |a: &DMatrix<f64>, b: &DMatrix<f64>| kernel.matrix(a, b).component_mul(g).sum();
+        let moved = if rows == Rows::OfA { a } else { b };
+        assert_eq!(input.shape(), moved.shape(), "{kernel:?} {rows:?}");
+        for i in 0..moved.nrows() {
+            for k in 0..coordinates {
+                let (mut plus, mut minus) = (moved.clone(), moved.clone());
+                plus[(i, k)] += h;
+                minus[(i, k)] -= h;
+                let numeric = match rows {
+                    Rows::OfA => (value(&plus, b) - value(&minus, b)) / (2.0 * h),
+                    _ => (value(a, &plus) - value(a, &minus)) / (2.0 * h),
+                };
+                let err = (input[(i, k)] - numeric).abs() / numeric.abs().max(1e-6);
+                assert!(
+                    err < 1e-5,
+                    "{kernel:?} {rows:?} [{i},{k}]: {} vs {numeric}",
+                    input[(i, k)]
+                );
             }
         }
     }
@@ -990,31 +1007,13 @@ pub(super) mod tests {
         // Off each other's rows: Matérn-1/2 has a kink where points coincide.
         let b = b.map(|v| v - 0.017);
         let g = random_matrix(&mut rng, a.nrows(), b.nrows(), -1.0, 1.0);
-        let h = 1e-6;
         for kernel in all_kernels() {
-            let value = |a: &DMatrix<f64>, b: &DMatrix<f64>| kernel.matrix(a, b).component_mul(&g).sum();
-            for (rows, moved) in [(Rows::OfA, &a), (Rows::OfB, &b)] {
+            for rows in [Rows::OfA, Rows::OfB] {
                 let (theta, input) = kernel.grads(&a, &b, &g, rows);
                 let numeric = finite_diff(&kernel, |k| k.matrix(&a, &b).component_mul(&g).sum());
                 assert_grad_close(&kernel, &theta, &numeric, &format!("{kernel:?} {rows:?}"));
                 let input = input.expect("asked for");
-                for i in 0..moved.nrows() {
-                    for k in 0..moved.ncols() {
-                        let (mut plus, mut minus) = (moved.clone(), moved.clone());
-                        plus[(i, k)] += h;
-                        minus[(i, k)] -= h;
-                        let numeric = match rows {
-                            Rows::OfA => (value(&plus, &b) - value(&minus, &b)) / (2.0 * h),
-                            _ => (value(&a, &plus) - value(&a, &minus)) / (2.0 * h),
-                        };
-                        let err = (input[(i, k)] - numeric).abs() / numeric.abs().max(1e-6);
-                        assert!(
-                            err < 1e-5,
-                            "{kernel:?} {rows:?} [{i},{k}]: {} vs {numeric}",
-                            input[(i, k)]
-                        );
-                    }
-                }
+                assert_input_grad(&kernel, (&a, &b, &g), rows, &input, a.ncols());
             }
             assert!(kernel.grads(&a, &b, &g, Rows::Neither).1.is_none());
         }
