@@ -317,6 +317,13 @@ impl Ends for KafkaEnds {
             worker.step_or_park(Self::PARK);
             self.settle(probe, true);
         }
+        // Dead letters of a read after the last settled epoch are queued
+        // still: deliver them before the producers go.
+        if self.failure.borrow().is_none() {
+            if let Err(e) = self.predictions.flush().and_then(|()| self.dead.flush()) {
+                self.fail(e.to_string());
+            }
+        }
         self.positions.close();
         self.signals.close();
     }
