@@ -225,7 +225,7 @@ fn check_with_q_held(
     let objective = |post: &DualPosterior, lik: &Likelihood| {
         let sites = message.map_or_else(|| vec![Sites::zeros(post.m()); post.n_latent()], |m| m.whitened(post));
         // With the kernel's profile kept beside the columns, as a shard keeps it.
-        let terms = DataTerms::new(post, lik, &data, &post.cross_with_profile(data.x()), None, true);
+        let terms = DataTerms::new(post, lik, &data, &post.cross_with_profile(data.x()), None, true, None);
         let mut o = terms.finish(post, lik, Some(&sites));
         if let Some(m) = message {
             let term = m.conditional_term(post, &m.seen_from(post), with_z);

@@ -114,6 +114,16 @@ pub struct ReplayReport {
     pub failed_updates: Vec<(u64, String)>,
     /// The prequential figures of each epoch.
     pub epoch_scores: Vec<EpochScore>,
+    /// The kernel and likelihood hyperparameters after each update, on the
+    /// standardised scale, by name.
+    pub hyperparameters: Vec<EpochHyperparameters>,
+}
+
+/// The hyperparameters the update of `epoch` ended with.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochHyperparameters {
+    pub epoch: u64,
+    pub values: BTreeMap<String, f64>,
 }
 
 /// One epoch's labelled rows, each scored before the model learned from it.
@@ -291,6 +301,14 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         prequential_nlpd_by_output: scores.nlpd_by_output(),
         failed_updates: gathered.failed_updates,
         epoch_scores: scores.epochs,
+        hyperparameters: gathered
+            .hyperparameters
+            .iter()
+            .map(|(epoch, named)| EpochHyperparameters {
+                epoch: *epoch,
+                values: named.iter().cloned().collect(),
+            })
+            .collect(),
     };
     if let Some(path) = &args.report {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

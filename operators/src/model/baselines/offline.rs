@@ -129,6 +129,7 @@ pub fn fit_offline(
     trainer.shard.answer(Query::Begin {
         model: trainer.snapshot(),
         memory: Vec::new(),
+        pending: Vec::new(),
     });
     let mut objective = Vec::new();
     for round in 0..config.rounds {

@@ -14,7 +14,7 @@ use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::kernel::{Kernel, Rows};
-use crate::model::math::linalg::gram_of_scaled;
+use crate::model::math::linalg::{gram_of_scaled, solve_lower_transposed_matrix_in_place};
 
 /// `F(θ)` and `∂F/∂ log θ`.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +89,7 @@ pub fn m_step_objective(
         &post.cross_with_profile(data.x()),
         weights,
         true,
+        None,
     );
     Ok(terms.finish(post, likelihood, None))
 }
@@ -127,8 +128,15 @@ pub struct DataTerms {
     pub grad_z: Option<DMatrix<f64>>,
     /// Per latent `Σ_i k_i ∂/∂μ_i`, `m`.
     pub kzx_d_mean: Vec<DVector<f64>>,
-    /// Per latent `Σ_i ∂/∂v_i k_i k_iᵀ`, `m × m`.
-    pub gram_d_var: Vec<DMatrix<f64>>,
+    /// Per latent `Σ_i ∂/∂v_i a_i a_iᵀ`, `m × m`, in whitened columns
+    /// `a_i = L⁻¹k_i` (`L` times it times `Lᵀ` is the sum in `K`'s coordinates).
+    pub whitened_gram_d_var: Vec<DMatrix<f64>>,
+    /// A Gaussian likelihood's terms leave out what its points' variances
+    /// add beyond the prior's residual, `Σ_i ∂/∂v_i ‖L_D⁻¹a_i‖²`: that is
+    /// `tr(D⁻¹ G)` of the gram above, which [`finish`](Self::finish) adds to
+    /// the value (and its negative to `∂/∂ log σ²`), saving every point a
+    /// product with `L_D⁻¹`.
+    pub variance_from_gram: bool,
 }
 
 impl DataTerms {
@@ -141,13 +149,18 @@ impl DataTerms {
             likelihood_grad: DVector::zeros(likelihood.n_params()),
             grad_z: Some(DMatrix::zeros(m, d)),
             kzx_d_mean: vec![DVector::zeros(m); n_latent],
-            gram_d_var: vec![DMatrix::zeros(m, m); n_latent],
+            whitened_gram_d_var: vec![DMatrix::zeros(m, m); n_latent],
+            variance_from_gram: false,
         }
     }
 
     /// The terms of the points of `data` (already checked), whose kernel
     /// quantities under the posterior's current `θ` and `Z` are `cross`;
     /// `∂F/∂Z` only `with_z` (learners that place `Z` otherwise skip it).
+    /// `site_gram`, where known, is the points' `Σ_i s_i a_i a_iᵀ` with
+    /// Gaussian sites `s_i = c_i · (1/σ²)` exactly (their weights over the
+    /// noise): a Gaussian likelihood's `Σ_i ∂/∂v_i a_i a_iᵀ` is then `−½` of
+    /// it, not made again.
     pub fn new(
         post: &DualPosterior,
         likelihood: &Likelihood,
@@ -155,48 +168,78 @@ impl DataTerms {
         cross: &Cross,
         weights: Option<&[f64]>,
         with_z: bool,
+        site_gram: Option<&DMatrix<f64>>,
     ) -> Self {
         let weight = |i: usize| weights.map_or(1.0, |w| w[i]);
         let (n, n_latent) = (data.n(), post.n_latent());
         let factors = post.factors();
-        let marginals = post.marginals(cross);
         let mut terms = DataTerms::zeros(post, likelihood);
 
         // Data term and its derivatives in each point's (μ, v).
         let mut d_mean = DMatrix::zeros(n, n_latent);
         let mut d_var = DMatrix::zeros(n, n_latent);
-        let mut e = Expectation::default();
-        marginals.for_each_point(|i, mean, var| {
-            likelihood.expectation_of(data.output(i), mean, var, data.y()[i], &mut e);
-            let ci = weight(i);
-            terms.value += ci * e.value;
-            for c in 0..n_latent {
-                d_mean[(i, c)] = ci * e.d_mean[c];
-                d_var[(i, c)] = ci * e.d_var[c];
+        if let Likelihood::Gaussian { variance } = *likelihood {
+            // E = −½log 2πσ² − ((y − μ)² + v)/2σ², v = r + ‖L_D⁻¹a‖² (the
+            // last part from the gram, in `finish`).
+            let mean = cross.a.tr_mul(&factors.m_v[0]);
+            for i in 0..n {
+                let (ci, residual) = (weight(i), data.y()[i] - mean[i]);
+                let spread = residual * residual + cross.residual_var[i];
+                terms.value += ci * (-0.5 * (std::f64::consts::TAU * variance).ln() - spread / (2.0 * variance));
+                terms.likelihood_grad[0] += ci * (-0.5 + spread / (2.0 * variance));
+                d_mean[(i, 0)] = ci * residual / variance;
+                // As `−½ s_i` of a site `c_i · (1/σ²)`: see `site_gram`.
+                d_var[(i, 0)] = -0.5 * (ci * (1.0 / variance));
             }
-            for (g, dp) in terms.likelihood_grad.iter_mut().zip(&e.d_params) {
-                *g += ci * dp;
-            }
-        });
+            terms.variance_from_gram = true;
+        } else {
+            let mut e = Expectation::default();
+            post.marginals(cross).for_each_point(|i, mean, var| {
+                likelihood.expectation_of(data.output(i), mean, var, data.y()[i], &mut e);
+                let ci = weight(i);
+                terms.value += ci * e.value;
+                for c in 0..n_latent {
+                    d_mean[(i, c)] = ci * e.d_mean[c];
+                    d_var[(i, c)] = ci * e.d_var[c];
+                }
+                for (g, dp) in terms.likelihood_grad.iter_mut().zip(&e.d_params) {
+                    *g += ci * dp;
+                }
+            });
+        }
 
         // Chain rule into K(Z,X) and k(x_i, x_i); what goes through K(Z, Z)
-        // needs only the sums kept in `kzx_d_mean` and `gram_d_var`.
+        // needs only the sums kept in `kzx_d_mean` and `whitened_gram_d_var`.
         let mut g_kzx = DMatrix::zeros(post.m(), n);
         let mut g_diag = DVector::zeros(n);
+        // Each latent's `2 (R⁻¹ − K⁻¹) K_zx diag(b)`, made in place of a copy of K_zx.
+        let mut product = DMatrix::zeros(if n_latent > 1 { post.m() } else { 0 }, n);
         for c in 0..n_latent {
             let a = d_mean.column(c);
             let b = d_var.column(c);
             g_diag += b;
-            // μ_i = k_iᵀ w:  ∂/∂K_zx = w aᵀ.
-            g_kzx.ger(1.0, &factors.w[c], &a, 1.0);
             terms.kzx_d_mean[c] = &cross.kzx * a;
             // v_i = k_ii − k_iᵀK⁻¹k_i + k_iᵀR⁻¹k_i:  ∂/∂K_zx = 2 (R⁻¹ − K⁻¹) K_zx diag(b).
-            let mut kzx_b = cross.kzx.clone();
-            for (mut col, &bj) in kzx_b.column_iter_mut().zip(b.iter()) {
+            let part = if c == 0 { &mut g_kzx } else { &mut product };
+            part.gemm(2.0, factors.r_inv_minus_k_inv(c), &cross.kzx, 0.0);
+            for (mut col, &bj) in part.column_iter_mut().zip(b.iter()) {
                 col *= bj;
             }
-            g_kzx.gemm(2.0, factors.r_inv_minus_k_inv(c), &kzx_b, 1.0);
-            terms.gram_d_var[c] = gram_of_scaled(&kzx_b, &cross.kzx);
+            if c > 0 {
+                g_kzx += &product;
+            }
+            // μ_i = k_iᵀ w:  ∂/∂K_zx = w aᵀ.
+            g_kzx.ger(1.0, &factors.w[c], &a, 1.0);
+            terms.whitened_gram_d_var[c] = match site_gram.filter(|_| terms.variance_from_gram) {
+                Some(gram) => -0.5 * gram,
+                None => {
+                    let mut a_b = cross.a.clone();
+                    for (mut col, &bj) in a_b.column_iter_mut().zip(b.iter()) {
+                        col *= bj;
+                    }
+                    gram_of_scaled(&a_b, &cross.a)
+                }
+            };
         }
         let kernel = &post.kernel;
         let rows = if with_z { Rows::OfA } else { Rows::Neither };
@@ -217,7 +260,7 @@ impl DataTerms {
         for a in &mut self.kzx_d_mean {
             *a *= w;
         }
-        for a in &mut self.gram_d_var {
+        for a in &mut self.whitened_gram_d_var {
             *a *= w;
         }
     }
@@ -234,9 +277,10 @@ impl DataTerms {
         for (a, b) in self.kzx_d_mean.iter_mut().zip(&other.kzx_d_mean) {
             *a += b;
         }
-        for (a, b) in self.gram_d_var.iter_mut().zip(&other.gram_d_var) {
+        for (a, b) in self.whitened_gram_d_var.iter_mut().zip(&other.whitened_gram_d_var) {
             *a += b;
         }
+        self.variance_from_gram |= other.variance_from_gram;
     }
 
     /// `F(θ)` and its gradient: the summed data terms, minus the KL term, with
@@ -248,9 +292,23 @@ impl DataTerms {
     /// instead and `F` gains `E_q[log t(u)]`: at the `q` that is optimal for `F`
     /// (the sites re-learned and `t` held in u-space), this is the gradient of
     /// the collapsed bound.
-    pub fn finish(self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&[Sites]>) -> Objective {
+    pub fn finish(mut self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&[Sites]>) -> Objective {
         let m = post.m();
         let factors = post.factors();
+        if self.variance_from_gram {
+            let half = factors.d_inv_half(0);
+            let extra = (half * &self.whitened_gram_d_var[0]).component_mul(half).sum();
+            self.value += extra;
+            self.likelihood_grad[0] -= extra;
+        }
+        let l = factors.chol_k.l();
+        // `L⁻ᵀML⁻¹`: how `K⁻¹` (`R⁻¹ = L⁻ᵀD⁻¹L⁻¹`) enters, with `M` in whitened coordinates.
+        let unwhitened = |mut m: DMatrix<f64>| {
+            solve_lower_transposed_matrix_in_place(&l, &mut m);
+            m.transpose_mut();
+            solve_lower_transposed_matrix_in_place(&l, &mut m);
+            m
+        };
         // Only the bound with every site held needs K itself.
         let k = past.is_none().then(|| post.k_zz());
         let k_inv = factors.k_inv();
@@ -258,21 +316,24 @@ impl DataTerms {
         for c in 0..post.n_latent() {
             let w = &factors.w[c];
             let r_inv = factors.r_inv(c);
-            let gram = &self.gram_d_var[c];
+            let gram = &self.whitened_gram_d_var[c];
+            let half = factors.d_inv_half(c);
+            let d_inv_gram = half.tr_mul(&(half * gram));
             if past.is_some() {
                 // With q(u) = N(Kw, KR⁻¹K) held, μ_i = k_iᵀK⁻¹(Kw):  ∂/∂K = −(K⁻¹ K_zx a) wᵀ.
                 g_k.ger(-1.0, &(k_inv * &self.kzx_d_mean[c]), w, 1.0);
-                // v_i = k_ii − k_iᵀK⁻¹k_i + k_iᵀR⁻¹k_i, with R⁻¹ = K⁻¹SK⁻¹ and S held.
-                let k_inv_gram = k_inv * gram;
-                g_k += &k_inv_gram * k_inv - &k_inv_gram * r_inv - r_inv * k_inv_gram.transpose();
+                // v_i = k_ii − k_iᵀK⁻¹k_i + k_iᵀR⁻¹k_i, with R⁻¹ = K⁻¹SK⁻¹ and S held:
+                // ∂/∂K = K⁻¹MK⁻¹ − K⁻¹MR⁻¹ − R⁻¹MK⁻¹ for M = K_zx diag(b) K_xz = L G Lᵀ.
+                g_k += unwhitened(gram - &d_inv_gram - d_inv_gram.transpose());
                 // −KL[N(μ, S) ‖ N(0, K)]:  ∂/∂K = ½ (K⁻¹SK⁻¹ + K⁻¹μμᵀK⁻¹ − K⁻¹).
                 g_k += 0.5 * (r_inv + w * w.transpose() - k_inv);
                 continue;
             }
             // μ:  ∂/∂K = −(R⁻¹ K_zx a) wᵀ.
             g_k.ger(-1.0, &(r_inv * &self.kzx_d_mean[c]), w, 1.0);
-            // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz.
-            g_k += k_inv * gram * k_inv - r_inv * gram * r_inv;
+            // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz = L G Lᵀ.
+            let d_inv = half.tr_mul(half);
+            g_k += unwhitened(gram - &d_inv_gram * d_inv);
             // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
             let r_inv_k = r_inv * k.as_ref().expect("computed without a message");
             g_k += -r_inv + 0.5 * &r_inv_k * r_inv - 0.5 * w * w.transpose()

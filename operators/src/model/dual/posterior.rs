@@ -457,6 +457,11 @@ impl DualPosterior {
     }
 
     /// Restores the cached factors after deserialisation.
+    /// Whether the cached factors are there (a deserialised posterior lacks them).
+    pub fn has_factors(&self) -> bool {
+        self.factors.is_some()
+    }
+
     pub fn ensure_factors(&mut self) -> Result<()> {
         if self.factors.is_none() {
             self.refresh()?;

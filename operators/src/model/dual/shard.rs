@@ -26,7 +26,7 @@ use crate::model::dual::point::{point_uniform, splitmix64, PointId};
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::{ControlVariate, Drift};
 use crate::model::dual::snapshot::Snapshot;
-use crate::model::likelihood::Expectation;
+use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::kernel::Kernel;
 
 /// How many blocks the points are summed in. Up to this many workers share
@@ -66,9 +66,14 @@ pub enum Query {
     /// The batch's inputs (only the round that announces a batch answers it).
     Arrivals,
     /// Start from zero sites on the batch and the memory points this shard
-    /// owns, under `model`; each memory point stands for itself. Every block
-    /// answers from here on.
-    Begin { model: Snapshot, memory: Vec<MemoryPoint> },
+    /// owns, under `model`; each memory point stands for itself. `pending`
+    /// points, learned by earlier updates since the last M-step, join the
+    /// batch. Every block answers from here on.
+    Begin {
+        model: Snapshot,
+        memory: Vec<MemoryPoint>,
+        pending: Vec<MemoryPoint>,
+    },
     /// Only these blocks answer until the next `Focus` or `Begin`.
     Focus { blocks: Blocks },
     /// One damped E-step: the points' expected log-likelihood before it, and
@@ -283,9 +288,9 @@ impl Shard {
                 .expect("the learner factorised this posterior before sending it");
         }
         match &mut query {
-            Query::Begin { memory, .. } => {
+            Query::Begin { memory, pending, .. } => {
                 self.focus = Blocks::ALL;
-                self.share_out(std::mem::take(memory));
+                self.share_out(std::mem::take(memory), std::mem::take(pending));
             }
             Query::Focus { blocks } => {
                 self.focus = *blocks;
@@ -323,19 +328,27 @@ impl Shard {
         })
     }
 
-    /// Gives each block the memory points it owns (a block may hold only memory).
-    fn share_out(&mut self, memory: Vec<MemoryPoint>) {
+    /// Gives each block the memory points it owns (a block may hold only
+    /// memory), and the pending points it owns as batch rows.
+    fn share_out(&mut self, memory: Vec<MemoryPoint>, pending: Vec<MemoryPoint>) {
         for block in self.blocks.values_mut() {
             block.memory.clear();
         }
-        for p in memory.into_iter().filter(|p| self.partition.owns(p.id.id)) {
-            let block = route(p.id.id);
-            self.blocks
-                .entry(block)
-                .or_insert_with(|| Block::new(block, &[], None))
-                .memory
-                .push(p);
+        let partition = self.partition;
+        let mut joining: BTreeMap<u64, Vec<MemoryPoint>> = BTreeMap::new();
+        for p in pending.into_iter().filter(|p| partition.owns(p.id.id)) {
+            joining.entry(route(p.id.id)).or_default().push(p);
         }
+        for (block, points) in joining {
+            self.block(block).join_batch(points);
+        }
+        for p in memory.into_iter().filter(|p| partition.owns(p.id.id)) {
+            self.block(route(p.id.id)).memory.push(p);
+        }
+    }
+
+    fn block(&mut self, block: u64) -> &mut Block {
+        self.blocks.entry(block).or_insert_with(|| Block::new(block, &[], None))
     }
 }
 
@@ -376,6 +389,8 @@ struct Block {
     points: Option<Data>,
     /// The kernel columns the sites were added to the totals with.
     columns: Option<Columns>,
+    /// The last [`Query::Refit`]'s sums, while its columns and sites hold.
+    refit_totals: Option<Vec<Sites>>,
     sites: PointSites,
     /// The sites the last E-step and the one before it started from.
     step_starts: [PointSites; 2],
@@ -431,6 +446,7 @@ impl Block {
             first: PointSites::zeros(0, 0),
             points: None,
             columns: None,
+            refit_totals: None,
             sites: PointSites::zeros(0, 0),
             step_starts: [PointSites::zeros(0, 0), PointSites::zeros(0, 0)],
             keys: Vec::new(),
@@ -441,8 +457,38 @@ impl Block {
         self.batch_ids.len()
     }
 
+    /// Points learned by earlier updates become batch rows again (in id order with the others).
+    fn join_batch(&mut self, points: Vec<MemoryPoint>) {
+        let n_old = self.n_batch();
+        let mut ids = self.batch_ids.clone();
+        ids.extend(points.iter().map(|p| p.id));
+        let d = points[0].x.len();
+        let old = self.batch.take();
+        let from_old = |i: usize| old.as_ref().filter(|_| i < n_old);
+        let x = DMatrix::from_fn(ids.len(), d, |i, j| match from_old(i) {
+            Some(b) => b.x()[(i, j)],
+            None => points[i - n_old].x[j],
+        });
+        let y = DVector::from_fn(ids.len(), |i, _| match from_old(i) {
+            Some(b) => b.y()[i],
+            None => points[i - n_old].y,
+        });
+        let outputs = (0..ids.len())
+            .map(|i| match from_old(i) {
+                Some(b) => b.output(i),
+                None => points[i - n_old].output,
+            })
+            .collect();
+        let data = Data::with_outputs(x, y, outputs).expect("pending points were validated when they arrived");
+        let memory = std::mem::take(&mut self.memory);
+        *self = Block::new(self.block, &ids, Some(data));
+        self.memory = memory;
+    }
+
     /// The shard made `query`'s model ready; `Begin`'s memory is already shared out.
     fn answer(&mut self, query: &Query) -> Answer {
+        // Only a gradient right after a refit, before anything else moves, reuses its sums.
+        let refit_totals = self.refit_totals.take();
         let totals = |sums: Vec<Sites>| Answer::Totals(BlockSums::one(self.block, sums));
         let held = matches!(query, Query::Recolumn { .. }).then(|| self.contribution().into_owned());
         match query {
@@ -506,6 +552,14 @@ impl Block {
                             &fresh
                         }
                     };
+                    let site_gram = match (&model.likelihood, &refit_totals) {
+                        (Likelihood::Gaussian { variance }, Some(sums)) if columns.are_under(&model.posterior) => {
+                            let held = self.contribution();
+                            let exact = (0..points.n()).all(|i| held.s2[(i, 0)] == weights[i] * (1.0 / variance));
+                            exact.then_some(&sums[0].lambda)
+                        }
+                        _ => None,
+                    };
                     let terms = DataTerms::new(
                         &model.posterior,
                         &model.likelihood,
@@ -513,6 +567,7 @@ impl Block {
                         &columns.cross,
                         Some(&weights),
                         *with_z,
+                        site_gram,
                     );
                     Answer::Terms(BlockSums::one(self.block, terms))
                 }
@@ -583,6 +638,7 @@ impl Block {
         }
         let sums = self.contribution().totals(&columns.cross.a);
         self.columns = Some(columns);
+        self.refit_totals = Some(sums.clone());
         Answer::Totals(BlockSums::one(self.block, sums))
     }
 
@@ -751,4 +807,69 @@ fn contribution(sites: &PointSites, n_batch: usize, control: ControlVariate, fir
         }
     }
     held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::dual::posterior::DualPosterior;
+    use crate::model::math::kernel::Family;
+
+    /// A Gaussian gradient right after a refit takes the refit's sums as its
+    /// gram: the same bits as making it again, also for memory points that
+    /// stand for part of the past.
+    #[test]
+    fn a_gradient_after_a_refit_gives_the_bits_of_one_made_afresh() {
+        let x = DMatrix::from_fn(60, 2, |i, j| ((3 * i + 7 * j) % 11) as f64 / 3.0 - 1.5);
+        let y = DVector::from_fn(60, |i, _| (i as f64 * 0.37).sin());
+        let data = Data::new(x.clone(), y).unwrap();
+        let kernel = Kernel::stationary(Family::Matern52, 1.2, vec![0.7, 1.3]);
+        let post = DualPosterior::new(kernel, x.rows(0, 8).into_owned(), 1).unwrap();
+        let model = Snapshot::of(&post, &Likelihood::Gaussian { variance: 0.3 });
+        let memory: Vec<MemoryPoint> = (0..12)
+            .map(|k| MemoryPoint {
+                id: PointId { batch: 0, id: 100 + k },
+                x: vec![k as f64 / 6.0 - 1.0, 0.5],
+                y: 0.2,
+                output: 0,
+                column: DVector::zeros(8),
+                s1: vec![0.0],
+                s2: vec![0.0],
+                key: 0.0,
+                first: None,
+            })
+            .collect();
+        let ids: Vec<i64> = (0..60).collect();
+        let terms = |fresh: bool| {
+            let mut shard = Shard::new(Partition::WHOLE, 1, &ids, data.clone());
+            let begin = Query::Begin {
+                model: model.clone(),
+                memory: memory.clone(),
+                pending: Vec::new(),
+            };
+            shard.answer(begin);
+            let control = ControlVariate {
+                weight: 3.7,
+                sample: true,
+            };
+            shard.answer(Query::CorrectForPast {
+                model: model.clone(),
+                control,
+            });
+            shard.answer(Query::Refit { model: model.clone() });
+            if fresh {
+                shard.answer(Query::Contribution { model: model.clone() });
+            }
+            let gradient = Query::Gradient {
+                model: model.clone(),
+                memory_weight: 3.7,
+                with_z: true,
+            };
+            match shard.answer(gradient) {
+                Answer::Terms(terms) => terms.total(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(terms(false), terms(true));
+    }
 }

@@ -1,6 +1,9 @@
 //! The model as the workers see it: enough to score records and to compute
 //! their share of an update.
 
+use std::ops::Deref;
+use std::sync::Arc;
+
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
@@ -9,19 +12,33 @@ use crate::model::error::Result;
 use crate::model::likelihood::{Likelihood, Predictive};
 use crate::model::predict::predict;
 
+/// Cheap to clone: every question of an update carries the model, and the
+/// workers of one process share one copy of it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Snapshot {
+pub struct Snapshot(Arc<Parts>);
+
+/// What a [`Snapshot`] holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Parts {
     pub posterior: DualPosterior,
     pub likelihood: Likelihood,
+}
+
+impl Deref for Snapshot {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.0
+    }
 }
 
 impl Snapshot {
     /// What the shards need of the model: `post` and `likelihood`, copied.
     pub fn of(post: &DualPosterior, likelihood: &Likelihood) -> Self {
-        Snapshot {
+        Snapshot(Arc::new(Parts {
             posterior: post.clone(),
             likelihood: likelihood.clone(),
-        }
+        }))
     }
 
     /// The predictive distribution of `y` at each row of `x`.
@@ -29,8 +46,12 @@ impl Snapshot {
         predict(&self.posterior, &self.likelihood, x)
     }
 
-    /// Rebuilds the cached factors a deserialised posterior lacks.
+    /// Rebuilds the cached factors a deserialised posterior lacks (a copy
+    /// of its own then, if it shared one).
     pub fn ensure_factors(&mut self) -> Result<()> {
-        self.posterior.ensure_factors()
+        match self.posterior.has_factors() {
+            true => Ok(()),
+            false => Arc::make_mut(&mut self.0).posterior.ensure_factors(),
+        }
     }
 }

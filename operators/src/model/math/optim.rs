@@ -74,6 +74,20 @@ pub struct Curvature {
     pairs: Vec<(DVector<f64>, DVector<f64>, f64)>,
 }
 
+impl Curvature {
+    /// The same pairs in coordinates `x ∘ factor`: steps scale by the factor,
+    /// gradient changes by its inverse (`sᵀy` is unchanged).
+    pub fn rescaled(mut self, factor: &DVector<f64>) -> Self {
+        for (s, y, _) in &mut self.pairs {
+            if s.len() == factor.len() {
+                s.component_mul_assign(factor);
+                y.component_div_assign(factor);
+            }
+        }
+        self
+    }
+}
+
 /// Maximises `f` (returning value and gradient) by L-BFGS with a backtracking
 /// Armijo line search, for at most `max_iter` iterations; `history` pairs are
 /// kept. Stops early when the gradient or the progress vanishes. Returns the
