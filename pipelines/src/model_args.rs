@@ -386,19 +386,22 @@ pub const MEMORY_BOUND: usize = 1000;
 pub const M_SAMPLE_BOUND: usize = 4000;
 
 /// Records between M-steps by default (see `SequentialConfig::m_every`):
-/// kin40k replayed in epochs of 1000 gives prequential NLPD 0.658 with an
-/// M-step every epoch, 0.618 every 2000 records, 0.587 every 4000 and 0.609
-/// every 8000, at 2 273, 3 510, 4 522 and 5 657 records/s (docs/RESULTS.md).
+/// kin40k replayed in epochs of 1000 (before `Z` was searched in
+/// lengthscale units) gave prequential NLPD 0.658 with an M-step every
+/// epoch, 0.618 every 2000 records, 0.587 every 4000 and 0.609 every 8000,
+/// at 2 273, 3 510, 4 522 and 5 657 records/s (docs/RESULTS.md).
 pub const M_EVERY: usize = 4000;
 
 /// L-BFGS iterations of a conjugate likelihood's M-step by default, with no
 /// gain tolerance. Its profile is exact (the sites are re-fitted, not
 /// re-learned by E-steps) and an evaluation costs no E-step, so the search
-/// goes on where a non-conjugate one stops at gains of a tenth of a nat:
-/// elevators' test NLPD 0.474 → 0.445 (`sorted:x0`) and 0.462 → 0.440
-/// (shuffled), kin40k 0.587 → 0.562, at twice the M-step's time
-/// (docs/RESULTS.md, session 27).
-const CONJUGATE_M_STEPS: usize = 60;
+/// goes on where a non-conjugate one stops at gains of a tenth of a nat.
+/// With `Z` searched in lengthscale units and M-steps every 4000 records,
+/// 40 keep the paper-uci rows at or below main's (kin40k 0.560 → 0.535;
+/// 60: 0.505) for 1.4 times the throughput of 60 (kin40k replay on 2
+/// workers 7 861 against 5 567 records/s, prequential NLPD 0.508 against
+/// 0.470; docs/RESULTS.md).
+const CONJUGATE_M_STEPS: usize = 40;
 
 /// L-BFGS iterations per batch for `--method osgpr` when `--m-steps` is not given.
 const OSGPR_ITERATIONS: usize = 100;

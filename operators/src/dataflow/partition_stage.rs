@@ -19,6 +19,7 @@ use super::options::{GpOptions, Scoring};
 use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
 use crate::model::data::model_inputs;
+use crate::model::dual::blocks::route;
 use crate::model::dual::point::PointId;
 use crate::model::dual::posterior::Marginals;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
@@ -194,7 +195,8 @@ pub(super) fn partition_stage<'scope>(
         learn_in_background,
         ..
     } = options;
-    let by_owner = Exchange::new(|a: &Arrival| crate::model::dual::shard::route(a.record.id));
+    let peers = scope.peers();
+    let by_owner = Exchange::new(move |a: &Arrival| Partition::owner(route(a.record.id), peers) as u64);
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, info| {
         let likelihood = prior.1.clone();
         let model = match initial {

@@ -5,11 +5,11 @@
 //! points: the same update runs on one local shard or on every worker of a
 //! dataflow.
 //!
-//! Points fall into [`BLOCKS`] fixed blocks by id, and a worker owns whole
-//! blocks. Sums are made per block and added in block order, so an update's
-//! arithmetic is the same, bit for bit, on any number of workers: the
-//! optimiser's line searches take the same branches, and results agree
-//! exactly rather than up to amplified rounding.
+//! Points fall into fixed blocks by id and a worker owns whole blocks; sums
+//! are made per block and added in one fixed order (see [`BlockSums`]), so
+//! an update's arithmetic is the same, bit for bit, on any number of
+//! workers: the optimiser's line searches take the same branches, and
+//! results agree exactly rather than up to amplified rounding.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -19,46 +19,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::blocks::Blocks;
+pub use crate::model::dual::blocks::{route, BlockSums, Partition, Summand, BLOCKS};
 use crate::model::dual::estep::{site_update, Anchored, PointSites, StepSize};
 use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
-use crate::model::dual::point::{point_uniform, splitmix64, PointId};
+use crate::model::dual::point::{point_uniform, PointId};
 use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::{ControlVariate, Drift};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::kernel::Kernel;
-
-/// How many blocks the points are summed in. Up to this many workers share
-/// the work; more would idle. Few enough that a block's `m × m × n` products
-/// have a long inner dimension (at 32, an update of 1000 records and 1000
-/// memory points gave them ~60 columns, and each block's `m × m`
-/// temporaries and sums cost about a fifth of an update). 8 was faster
-/// still on 2 workers, but left the M-step's sample of a 150-point batch
-/// (`m_sample`, whole blocks) too coarse for the sampled-bound test.
-pub const BLOCKS: u64 = 16;
-
-/// The block of a record id. Worker `block % peers` owns the block: records
-/// and the memory points they become stay on the same worker.
-pub fn route(id: i64) -> u64 {
-    splitmix64(id as u64) % BLOCKS
-}
-
-/// Which share of the memory a shard works on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Partition {
-    pub index: usize,
-    pub peers: usize,
-}
-
-impl Partition {
-    /// Everything: the model-only learner's single shard.
-    pub const WHOLE: Partition = Partition { index: 0, peers: 1 };
-
-    pub fn owns(&self, id: i64) -> bool {
-        route(id) % self.peers as u64 == self.index as u64
-    }
-}
 
 /// What the learner asks of the shards, in the order of Algorithm 1.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -164,11 +134,6 @@ impl Answer {
     }
 }
 
-/// A partial sum that adds another of its kind.
-pub trait Summand {
-    fn add(&mut self, other: &Self);
-}
-
 impl Summand for Vec<Sites> {
     fn add(&mut self, other: &Self) {
         for (a, b) in self.iter_mut().zip(other) {
@@ -204,33 +169,6 @@ impl Summand for Vec<Drift> {
 impl Summand for DataTerms {
     fn add(&mut self, other: &Self) {
         DataTerms::add(self, other);
-    }
-}
-
-/// Partial sums of one or more blocks, kept apart until
-/// [`total`](Self::total) adds them in block order.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BlockSums<T>(Vec<(u64, T)>);
-
-impl<T: Summand> BlockSums<T> {
-    fn one(block: u64, sum: T) -> Self {
-        BlockSums(vec![(block, sum)])
-    }
-
-    fn merge(mut self, other: Self) -> Self {
-        self.0.extend(other.0);
-        self.0.sort_by_key(|b| b.0);
-        self
-    }
-
-    /// The sum over all blocks.
-    pub fn total(self) -> T {
-        let mut blocks = self.0.into_iter().map(|b| b.1);
-        let mut sum = blocks.next().expect("made of at least one block");
-        for b in blocks {
-            sum.add(&b);
-        }
-        sum
     }
 }
 
