@@ -86,9 +86,21 @@ fn main() {
         ),
         // What `dualgp` runs in an update that takes M-steps: `Z` moved with
         // `θ`, 40 iterations for a Gaussian likelihood.
-        ("defaults", SequentialConfig { m_every: 0, ..defaults() }),
+        (
+            "defaults",
+            SequentialConfig {
+                m_every: 0,
+                ..defaults()
+            },
+        ),
         // ... and in one between them (the batch learned by an E-step, held).
-        ("defaults_between_m_steps", SequentialConfig { m_every: usize::MAX, ..defaults() }),
+        (
+            "defaults_between_m_steps",
+            SequentialConfig {
+                m_every: usize::MAX,
+                ..defaults()
+            },
+        ),
     ];
 
     let mut c = Criterion::default().configure_from_args();

@@ -789,3 +789,29 @@ fn m_steps_come_as_the_records_double_then_every_m_every_records() {
     // then once they reach 400 (the first batch to: 900).
     assert_eq!(with_m_steps, [30, 60, 120, 240, 480, 900]);
 }
+
+#[test]
+fn a_batch_on_new_ground_takes_its_m_steps_at_once() {
+    // Records from the left of the plane, then from far to its right: Z,
+    // placed on the left, explains little there.
+    let stream = wave(600, 25);
+    let shifted = |rows_of: Data, by: f64| {
+        let x = rows_of.x().map(|v| v + by);
+        Data::new(x, rows_of.y().clone()).unwrap()
+    };
+    let z = DMatrix::from_fn(10, 2, |i, j| ((2 * i + 3 * j) % 7) as f64 - 3.0);
+    let mut learner = waiting(&z, 100_000);
+    learner.config.inducing_policy = InducingPolicy::Pivoted;
+    let mut with_m_steps = Vec::new();
+    for (update, start) in (0..600).step_by(100).enumerate() {
+        let batch = rows(&stream, start..start + 100);
+        let batch = if start >= 400 { shifted(batch, 12.0) } else { batch };
+        if learner.update(&batch).unwrap().m_evaluations > 0 {
+            with_m_steps.push(update);
+        }
+    }
+    // As the records double: the first, second and fourth (the third held).
+    // The fifth, 100 records after 400, is on new ground: at once. The
+    // sixth, there too, is held: the fifth's M-step moved Z there.
+    assert_eq!(with_m_steps, [0, 1, 3, 4]);
+}

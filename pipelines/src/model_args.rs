@@ -259,9 +259,10 @@ pub struct ModelArgs {
     /// M-step rounds per batch, the batch and memory re-learned between them.
     #[arg(long)]
     pub m_rounds: Option<usize>,
-    /// Records between M-steps (fewer early on: as many as came before):
-    /// the epochs between are learned by E-steps alone, and the next M-step
-    /// re-learns their records with its own (0: an M-step every epoch).
+    /// Records between M-steps (fewer early on: as many as came before; an
+    /// epoch of half as many, or on new ground, takes its own): the epochs
+    /// between are learned by E-steps alone, and the next M-step re-learns
+    /// their records with its own (0: an M-step every epoch).
     #[arg(long)]
     pub m_every: Option<usize>,
     /// An L-BFGS iteration that gains less (nats) ends an M-step round (dual-memory, default 0.1; 0: none).

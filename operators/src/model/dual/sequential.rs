@@ -80,7 +80,8 @@ pub struct SequentialConfig {
     /// An update takes M-steps once this many records have been learned
     /// since the last that did, or as many as came before them if fewer (so
     /// early on each M-step sees as much new data as all before it), or when
-    /// its own batch holds at least half this many. The updates between
+    /// its own batch holds at least half this many or lies on new ground
+    /// (see `reaches_beyond_z`). The updates between
     /// learn their batch by E-steps alone and hold its records pending: the
     /// next update with M-steps re-learns them with its own batch, as one
     /// batch. So an M-step's evidence and cost follow the records that
@@ -258,6 +259,10 @@ pub struct SequentialLearner {
     /// [`SequentialConfig::m_every`]); their sites are in the totals.
     #[serde(default)]
     pub pending: Memory,
+    /// The share of their prior variance that `Z` left unexplained, on
+    /// average, in the records the last M-step learned (see `reaches_beyond_z`).
+    #[serde(default)]
+    unexplained: Option<f64>,
     adam: Adam,
     /// The last L-BFGS M-step's curvature, where the next one starts.
     #[serde(default)]
@@ -289,6 +294,7 @@ impl SequentialLearner {
             posterior: None,
             memory: Memory::default(),
             pending: Memory::default(),
+            unexplained: None,
             adam,
             curvature: Curvature::default(),
             n_seen: 0,
@@ -367,7 +373,7 @@ impl SequentialLearner {
             let z = select_inducing(&self.kernel, &x, self.config.inducing, self.config.pivot);
             self.init(z)?;
         }
-        if !self.m_step_due(x.nrows()) {
+        if !self.m_step_due(x.nrows()) && !self.reaches_beyond_z(&x) {
             let ids: Vec<PointId> = arrivals.iter().map(|a| a.0).collect();
             return self.hold(shards, x.nrows(), ids).await;
         }
@@ -390,9 +396,9 @@ impl SequentialLearner {
             }
             PastMessage::of(post, &past)
         });
-        let moved_inducing = self.config.inducing_policy == InducingPolicy::Pivoted
-            && self.n_seen > 0
-            && self.move_inducing(&self.with_pending(&x))?;
+        let batch = self.with_pending(&x);
+        let moved_inducing =
+            self.config.inducing_policy == InducingPolicy::Pivoted && self.n_seen > 0 && self.move_inducing(&batch)?;
         lap(&mut seconds.inducing);
         self.learn_with_memory(shards).await?;
         let share = self.stand_for_past(shards).await?;
@@ -426,6 +432,7 @@ impl SequentialLearner {
         self.correct_for_past(shards).await?;
         lap(&mut seconds.e_step);
         self.remember(shards).await?;
+        self.unexplained = Some(self.unexplained_share(&batch));
         self.pending = Memory::default();
         lap(&mut seconds.memory);
 
@@ -465,6 +472,29 @@ impl SequentialLearner {
             true => pending[i].x[j],
             false => x[(i - n, j)],
         })
+    }
+
+    /// Whether `Z` explains much less of the prior variance at `x` than it
+    /// did at the records the last M-step learned: new ground (inputs that
+    /// drifted), which an update without M-steps would learn with inducing
+    /// inputs placed elsewhere. Such an update takes its M-steps, and moves
+    /// `Z`, at once.
+    fn reaches_beyond_z(&self, x: &DMatrix<f64>) -> bool {
+        let Some(before) = self.unexplained else { return false };
+        let now = self.unexplained_share(x);
+        tracing::debug!(before, now, "share of the prior variance Z leaves unexplained");
+        now > NEW_GROUND * before.max(EXPLAINED)
+    }
+
+    /// The mean over the rows of `x` of `1 − k_iᵀK⁻¹k_i / k_ii`.
+    fn unexplained_share(&self, x: &DMatrix<f64>) -> f64 {
+        let Some(post) = &self.posterior else { return 1.0 };
+        let prior = post.kernel.diag(x);
+        let residual = post.cross(x).residual_var;
+        let share: f64 = (residual.iter().zip(prior.iter()))
+            .map(|(r, p)| (r / p).clamp(0.0, 1.0))
+            .sum();
+        share / x.nrows().max(1) as f64
     }
 
     /// Records learned before the pending ones: the past the memory stands for.
@@ -1123,6 +1153,14 @@ impl SearchScaling {
         self.0.map(|s| 1.0 / s)
     }
 }
+
+/// How many times the share of the prior variance that `Z` left unexplained
+/// at the last M-step's records a new batch's must reach to count as new
+/// ground (see `reaches_beyond_z`) ...
+const NEW_GROUND: f64 = 3.0;
+
+/// ... and the share below which `Z` counts as explaining a batch in full.
+const EXPLAINED: f64 = 0.02;
 
 /// How many spreads of `Z` along an input the M-step's search scale may reach.
 const Z_SCALE_CAP: f64 = 10.0;
