@@ -205,7 +205,7 @@ pub struct ModelArgs {
     pub inducing_policy: Option<InducingPolicyName>,
     /// How pivoted Cholesky picks inducing inputs: largest residual variance
     /// (default), or largest reduction of the residual variance summed over
-    /// the data, past inducing inputs standing for the points seen (README).
+    /// the data, past inducing inputs standing for the points seen (docs/MODEL.md).
     #[arg(long)]
     pub inducing_pivot: Option<PivotName>,
     /// The M-step moves the inducing inputs with the hyperparameters, from
@@ -408,7 +408,7 @@ const CONJUGATE_M_STEPS: usize = 40;
 const OSGPR_ITERATIONS: usize = 100;
 
 impl ModelArgs {
-    /// Defaults are the project's best settings (README); `--preset reference`
+    /// Defaults are the project's best settings (docs/MODEL.md, "Defaults"); `--preset reference`
     /// replaces them with the reference code's; given flags override both.
     pub fn settings(&self) -> Result<Settings> {
         let reference = self.preset == Some(Preset::Reference);
@@ -448,8 +448,8 @@ impl ModelArgs {
                     // Z moved by the M-step, thirty iterations of it: kin40k's test NLPD
                     // 0.97 → 0.59, bike's −1.18 → −1.50 (sorted −1.17 → −1.31), split
                     // Fashion-MNIST 0.797 → 0.812, at about three times the M-step's
-                    // time; with θ alone thirty were level with ten (docs/RESULTS.md,
-                    // sessions 18 and 22).
+                    // time; with θ alone thirty were level with ten (docs/RESULTS.md, "The
+                    // memory's share of the past" and "The M-step moves the inducing inputs").
                     learn_inducing: true,
                     e_step: EStepConfig { steps: 4, rho: 0.8 },
                     m_steps: 30,
@@ -460,11 +460,12 @@ impl ModelArgs {
                     relearn_in_m_step: true,
                     past_in_m_step: PastInMStep::Message,
                     // Bounds an update's M-step however many epochs it learns
-                    // together; every batch of the paper's protocols fits (README).
+                    // together; every batch of the paper's protocols fits (docs/MODEL.md).
                     m_sample: Some(M_SAMPLE_BOUND),
                     optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
                     // Uniform, not by BLS: level on the paper-uci folds, better on
-                    // drifting and class-incremental streams (docs/RESULTS.md, session 12).
+                    // drifting and class-incremental streams (docs/RESULTS.md, 2026-11-25,
+                    // "osgpr's softmax, a uniform memory by default").
                     // Bounded so that a long stream's state is: 1000 is a tenth of
                     // split Fashion-MNIST, the memory its figures were measured with,
                     // and fifty batches of 20 (the paper-uci streams have ten).

@@ -55,7 +55,7 @@ use opening::{share_opening, Opening, Word};
 /// `--epochs-in-flight`'s default. One update learns every epoch in flight,
 /// so a learner that falls behind catches up in fewer, larger updates. (64
 /// gave a lower p99 than 16 over 10 and 20 s at 10 000 records/s, a higher
-/// one over 60 s: README, Performance; 16 bounds the lag and the state
+/// one over 60 s: docs/PERFORMANCE.md, "Serving latency"; 16 bounds the lag and the state
 /// more tightly.)
 pub const EPOCHS_IN_FLIGHT: u64 = 16;
 

@@ -62,7 +62,7 @@ impl Default for OfflineConfig {
         OfflineConfig {
             // One round: every evaluation of L-BFGS's profile runs the E-steps
             // itself, so a second round only restarts the search without its
-            // curvature (docs/RESULTS.md, session 27).
+            // curvature (docs/RESULTS.md, "The offline fit as one search", 2026-11-26).
             rounds: 1,
             e_step: EStepConfig { steps: 5, rho: 0.9 },
             m_steps: 120,

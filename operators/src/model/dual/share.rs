@@ -71,7 +71,7 @@ impl MemoryShare {
 ///   unbiased for a uniform memory and exact where the first sites still
 ///   hold, but with weight `1 − w < 0` on the first sites' concave terms
 ///   its E-step's objective is not concave, and at a large prior variance
-///   it could not climb at all (docs/RESULTS.md, session 15). A point in
+///   it could not climb at all (docs/RESULTS.md, "The memory as a sample of the past", 2026-11-25). A point in
 ///   the totals holds `(1 − w) F_j + w S_j` and leaves `F_j` behind;
 /// - as a *sample* (`sample`): its first sites play no part and it counts
 ///   `w` times, `w S_j`, the memory's part of a [`MemoryShare`].

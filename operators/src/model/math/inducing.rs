@@ -9,7 +9,7 @@
 //! of 100 after four tasks, which left the posterior nothing to hold the past
 //! with. A pivot's reduction of the sum is `Σ_j w_j R_ji² / R_ii`: the
 //! outlier's is its own variance, a typical point's that of its neighbours as
-//! well. Trace pivots are not the default yet: see README, "Choosing the
+//! well. Trace pivots are not the default yet: see docs/MODEL.md, "Choosing the
 //! inducing inputs".
 
 use nalgebra::DMatrix;

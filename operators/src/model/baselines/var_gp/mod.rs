@@ -140,12 +140,12 @@ impl Default for VarGpConfig {
             inducing: 100,
             // A task's inducing inputs are chosen from it alone and never
             // revised: outliers taken as pivots are capacity lost for good
-            // (split Fashion-MNIST: 0.61 accuracy by variance, 0.74 by trace; README).
+            // (split Fashion-MNIST: 0.61 accuracy by variance, 0.74 by trace; docs/MODEL.md, "VAR-GP").
             pivot: Pivot::Trace,
             e_step: EStepConfig { steps: 50, rho: 1.0 },
             tolerance: 1e-6,
             // The seed's model; held or fitted on the first task, θ did worse
-            // on every set measured (README, "VAR-GP").
+            // on every set measured (docs/MODEL.md, "VAR-GP").
             theta: VarGpTheta::Posterior(ThetaConfig::default()),
             variant: VarGpVariant::Ar,
         }
