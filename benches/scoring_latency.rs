@@ -4,8 +4,9 @@
 //!
 //! Two timely workers in this process read a paced stream of labelled records
 //! (d = 8, 10 000 records/s, epochs of 1000) and score them on arrival with
-//! the default model of `dualgp serve` (m = 100, the M-step moving `Z`, one
-//! update learning every epoch that closed meanwhile, up to 64). A record's
+//! the default learner of `dualgp serve` (m = 100, the M-step moving `Z`, a
+//! Gaussian M-step's iterations, one update learning every epoch that closed
+//! meanwhile, up to serve's 16 in flight). A record's
 //! latency is the instant its prediction leaves the operator minus the instant
 //! the record was due on the stream (so a worker that reads late counts
 //! against it). Reading never pauses: the learner falls behind as far as it
@@ -39,8 +40,8 @@ const D: usize = 8;
 const RATE: f64 = 10_000.0;
 const EPOCH: usize = 1000;
 const WORKERS: usize = 2;
-/// One update learns at most this many epochs; reading never waits for it.
-const MOST_EPOCHS_PER_UPDATE: usize = 64;
+/// One update learns at most this many epochs (serve's default); reading never waits for it.
+const MOST_EPOCHS_PER_UPDATE: usize = dualgp::pipelines::serve::EPOCHS_IN_FLIGHT as usize;
 
 fn seconds() -> f64 {
     let given = std::env::var("SCORING_LATENCY_SECONDS")
@@ -65,7 +66,8 @@ fn stream(n: usize) -> Vec<Record> {
 fn default_learner() -> SequentialLearner {
     let settings = ModelArgs::default().settings().expect("the default settings");
     let likelihood = settings.likelihood(Likelihood::Gaussian { variance: 0.1 });
-    SequentialLearner::new(settings.kernel(D), likelihood, settings.sequential.clone()).expect("the default learner")
+    let config = settings.sequential_for(&likelihood);
+    SequentialLearner::new(settings.kernel(D), likelihood, config).expect("the default learner")
 }
 
 /// What one worker saw: for each prediction, its record's id, the latency

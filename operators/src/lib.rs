@@ -4,5 +4,7 @@
 //! [`model`] holds the mathematics with no dataflow types; [`dataflow`] the
 //! operators built on it.
 
+#![warn(missing_docs)]
+
 pub mod dataflow;
 pub mod model;

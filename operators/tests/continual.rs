@@ -2,6 +2,8 @@
 //! all of them) through the sequential learner with θ fixed: which update
 //! steps keep what the batch posterior knows, and that a new class is learned.
 
+mod common;
+
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::{
     Data, DualPosterior, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
@@ -72,12 +74,7 @@ fn max_abs(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
 
 /// `got` predicts the latent functions at `test` as `want` does, to 1e-6.
 fn assert_predicts_as(got: &DualPosterior, want: &DualPosterior, test: &Data, what: &str) {
-    let (got, want) = (got.predict_f(test.x()), want.predict_f(test.x()));
-    let (e_mean, e_var) = (max_abs(&got.mean, &want.mean), max_abs(&got.var, &want.var));
-    assert!(
-        e_mean < 1e-6 && e_var < 1e-6,
-        "{what}mean error {e_mean:e}, variance error {e_var:e}"
-    );
+    common::assert_predicts_as((got, want), test.x(), (max_abs, 1e-6), what);
 }
 
 #[test]

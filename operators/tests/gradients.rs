@@ -7,7 +7,7 @@ use common::{assert_matches_finite_differences, assert_near_difference};
 use dualgp_operators::model::dual::estep::e_step;
 use dualgp_operators::model::dual::objective::{hyperparameters, m_step_objective, set_hyperparameters, DataTerms};
 use dualgp_operators::model::dual::past::PastMessage;
-use dualgp_operators::model::dual::posterior::Sites;
+use dualgp_operators::model::posterior::Sites;
 use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Likelihood, Link, PointSites};
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, SeedableRng};
@@ -286,17 +286,23 @@ fn with_q_held_the_gradient_matches_finite_differences() {
     );
 }
 
-/// A message formed over inputs `Z_a` of which the current `Z` keeps 5 and
-/// adds 3 (Bui et al.'s old term): value and gradient with `q(u)` held.
-#[test]
-fn with_the_message_over_moved_inducing_inputs_the_gradient_matches_finite_differences() {
-    for (kernel, lik) in [
+/// The two models the message tests run: an ARD Matérn 5/2 plus bias under
+/// Gaussian noise, and a Matérn 3/2 under a probit link.
+fn gaussian_and_probit() -> [(Kernel, Likelihood); 2] {
+    [
         (matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 }),
         (
             Kernel::stationary(Family::Matern32, 1.2, vec![0.9]),
             Likelihood::Bernoulli { link: Link::Probit },
         ),
-    ] {
+    ]
+}
+
+/// A message formed over inputs `Z_a` of which the current `Z` keeps 5 and
+/// adds 3 (Bui et al.'s old term): value and gradient with `q(u)` held.
+#[test]
+fn with_the_message_over_moved_inducing_inputs_the_gradient_matches_finite_differences() {
+    for (kernel, lik) in gaussian_and_probit() {
         let (old, _) = fitted(kernel.clone(), &lik, 13);
         let message = PastMessage::of(&old, &old.whitened);
         let mut rng = ChaCha8Rng::seed_from_u64(17);
@@ -317,13 +323,7 @@ fn with_the_message_over_moved_inducing_inputs_the_gradient_matches_finite_diffe
 /// variable, which a step away drops), and without a message.
 #[test]
 fn with_q_held_the_inducing_input_gradient_matches_finite_differences() {
-    for (kernel, lik) in [
-        (matern52_ard_plus_bias(), Likelihood::Gaussian { variance: 0.3 }),
-        (
-            Kernel::stationary(Family::Matern32, 1.2, vec![0.9]),
-            Likelihood::Bernoulli { link: Link::Probit },
-        ),
-    ] {
+    for (kernel, lik) in gaussian_and_probit() {
         check_with_q_held(kernel.clone(), lik.clone(), None, Moving::InducingInputs);
         let (old, _) = fitted(kernel.clone(), &lik, 13);
         let message = PastMessage::of(&old, &old.whitened);

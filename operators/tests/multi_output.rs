@@ -241,6 +241,16 @@ fn three_gaussian_outputs() -> (Vec<Likelihood>, Vec<Kernel>, DMatrix<f64>) {
     (outputs, latents, mixing)
 }
 
+/// `post`'s `q(u)` (mean and covariance) within `tol` of the exact one,
+/// relative to its largest entries.
+fn assert_q_u_near(post: &DualPosterior, exact: (&DVector<f64>, &DMatrix<f64>), tol: f64) {
+    let (m_u, s) = post.q_u(0);
+    let mean_err = (&m_u - exact.0).amax() / exact.0.amax();
+    let cov_err = (&s - exact.1).amax() / exact.1.amax();
+    assert!(mean_err < tol, "mean error {mean_err:e}");
+    assert!(cov_err < tol, "covariance error {cov_err:e}");
+}
+
 /// Gaussian outputs, fixed hyperparameters and `Z` (on the outputs and on
 /// the latents): one E-step reaches the exact multi-output SGPR's `q(u)`,
 /// mean and covariance, since each record's site is on its own output's
@@ -256,11 +266,7 @@ fn gaussian_outputs_reach_the_exact_multi_output_sgpr() {
     e_step(&mut post, &lik, &data, &mut sites, &EStepConfig { steps: 1, rho: 1.0 }).unwrap();
 
     let (mean, cov) = exact_sgpr(&data, (&latents, &mixing), &outputs, &z, post.jitter);
-    let (m_u, s) = post.q_u(0);
-    let mean_err = (&m_u - &mean).amax() / mean.amax();
-    let cov_err = (&s - &cov).amax() / cov.amax();
-    assert!(mean_err < 1e-7, "mean error {mean_err:e}");
-    assert!(cov_err < 1e-7, "covariance error {cov_err:e}");
+    assert_q_u_near(&post, (&mean, &cov), 1e-7);
 }
 
 /// Streamed in batches with no memory at all, fixed `θ` and `Z`, the
@@ -288,11 +294,7 @@ fn streamed_gaussian_outputs_without_memory_reach_the_exact_sgpr() {
     let all = Data::with_outputs(x, y, out).unwrap();
     let post = learner.posterior().unwrap();
     let (mean, cov) = exact_sgpr(&all, (&latents, &mixing), &outputs, &post.z, post.jitter);
-    let (m_u, s) = post.q_u(0);
-    let mean_err = (&m_u - &mean).amax() / mean.amax();
-    let cov_err = (&s - &cov).amax() / cov.amax();
-    assert!(mean_err < 1e-6, "mean error {mean_err:e}");
-    assert!(cov_err < 1e-6, "covariance error {cov_err:e}");
+    assert_q_u_near(post, (&mean, &cov), 1e-6);
 }
 
 /// `∂F/∂θ` of the M-step objective against central differences as `θ` moves

@@ -253,28 +253,49 @@ fn policy_in(stat: &str) -> Option<u32> {
     stat.rsplit_once(") ")?.1.split_whitespace().nth(38)?.parse().ok()
 }
 
-/// The name and scheduling policy of each of this process's threads whose
-/// name starts with `prefix`.
+/// A thread's time slice in ns (`se.slice` in `/proc/…/sched`; kernels
+/// before 6.6 have none).
 #[cfg(target_os = "linux")]
-fn threads_named(prefix: &str) -> Vec<(String, u32)> {
+fn slice_in(sched: &str) -> Option<u64> {
+    let line = sched.lines().find(|l| l.starts_with("se.slice"))?;
+    line.split(':').nth(1)?.trim().parse().ok()
+}
+
+/// A thread's name, scheduling policy and time slice.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+struct Scheduled {
+    name: String,
+    policy: u32,
+    slice: Option<u64>,
+}
+
+#[cfg(target_os = "linux")]
+fn scheduled(dir: &std::path::Path) -> Option<Scheduled> {
+    Some(Scheduled {
+        name: std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string(),
+        policy: policy_in(&std::fs::read_to_string(dir.join("stat")).ok()?)?,
+        slice: slice_in(&std::fs::read_to_string(dir.join("sched")).unwrap_or_default()),
+    })
+}
+
+/// Each of this process's threads whose name starts with `prefix`.
+#[cfg(target_os = "linux")]
+fn threads_named(prefix: &str) -> Vec<Scheduled> {
     let tasks = std::fs::read_dir("/proc/self/task").expect("/proc lists this process's threads");
     tasks
-        .filter_map(|task| {
-            let dir = task.ok()?.path();
-            let name = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
-            let policy = policy_in(&std::fs::read_to_string(dir.join("stat")).ok()?)?;
-            name.starts_with(prefix).then_some((name, policy))
-        })
+        .filter_map(|task| scheduled(&task.ok()?.path()))
+        .filter(|t| t.name.starts_with(prefix))
         .collect()
 }
 
 #[cfg(target_os = "linux")]
 const SCHED_IDLE: u32 = 5;
 
-/// The learning threads (name, scheduling policy) while an update runs,
-/// learning in the `background` or not, and the worker's own policy.
+/// The learning threads while an update runs, learning in the `background`
+/// or not, and the worker's own thread.
 #[cfg(target_os = "linux")]
-fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, Option<u32>) {
+fn learning_threads_during_an_update(background: bool) -> (Vec<Scheduled>, Option<Scheduled>) {
     let seen = timely::execute_directly(move |worker| {
         let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
         worker.dataflow::<u64, _, _>(|scope| {
@@ -296,11 +317,12 @@ fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, O
         assert!(probe.less_equal(&0), "epoch 0's update is under way");
         // A new thread carries its creator's name and policy until it first
         // runs, which on a loaded machine can take a while: wait, bounded.
-        let settled = |threads: &[(String, u32)]| {
-            let names: Vec<&str> = threads.iter().map(|(name, _)| name.as_str()).collect();
+        let settled = |threads: &[Scheduled]| {
+            let names: Vec<&str> = threads.iter().map(|t| t.name.as_str()).collect();
             names.contains(&"dualgp-learner")
                 && names.iter().any(|n| n.starts_with("dualgp-shard"))
-                && (!background || threads.iter().all(|(_, policy)| *policy == SCHED_IDLE))
+                && (!background || threads.iter().all(|t| t.policy == SCHED_IDLE))
+                && (background || threads.iter().all(|t| t.slice != Some(SHORT_SLICE)))
         };
         let mut learning = threads_named("dualgp-");
         for _ in 0..1000 {
@@ -310,11 +332,11 @@ fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, O
             std::thread::sleep(std::time::Duration::from_millis(10));
             learning = threads_named("dualgp-");
         }
-        let own = std::fs::read_to_string("/proc/thread-self/stat").ok();
+        let own = scheduled(std::path::Path::new("/proc/thread-self"));
         drop(input);
         // Parked, not spinning: a spinning worker would leave a background learner nothing.
         while worker.step_or_park(None) {}
-        (learning, own.as_deref().and_then(policy_in))
+        (learning, own)
     });
     // The threads end once their operators are gone; wait for it (bounded),
     // so that the next call sees only its own.
@@ -335,19 +357,51 @@ fn learning_threads_during_an_update(background: bool) -> (Vec<(String, u32)>, O
 #[test]
 fn learning_in_the_background_yields_the_cores_to_scoring() {
     let (learning, own) = learning_threads_during_an_update(true);
-    let names: Vec<&str> = learning.iter().map(|(name, _)| name.as_str()).collect();
+    let names: Vec<&str> = learning.iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"dualgp-learner"), "threads: {names:?}");
     assert!(
         names.iter().any(|n| n.starts_with("dualgp-shard")),
         "threads: {names:?}"
     );
-    assert!(learning.iter().all(|(_, policy)| *policy == SCHED_IDLE), "{learning:?}");
-    assert_ne!(own, Some(SCHED_IDLE), "the worker's thread keeps its policy");
+    assert!(learning.iter().all(|t| t.policy == SCHED_IDLE), "{learning:?}");
+    let own = own.expect("the worker's thread");
+    assert_ne!(own.policy, SCHED_IDLE, "the worker's thread keeps its policy");
 
     let (learning, own) = learning_threads_during_an_update(false);
+    let own = own.expect("the worker's thread");
     assert!(learning.len() >= 2, "{learning:?}");
     assert!(
-        learning.iter().all(|(_, policy)| Some(*policy) == own),
+        learning.iter().all(|t| t.policy == own.policy),
         "{learning:?} against {own:?}"
     );
+}
+
+/// The slice the worker's thread asks for when it scores on arrival (0.1 ms).
+#[cfg(target_os = "linux")]
+const SHORT_SLICE: u64 = 100_000;
+
+/// Scoring on arrival, the worker's thread runs in short time slices, so a
+/// woken worker preempts the learner at once (EEVDF, Linux 6.12 on), while
+/// the learner's threads, at the same priority, keep the kernel's default
+/// slice. A kernel before 6.12 has no custom slices, and the test says so.
+#[cfg(target_os = "linux")]
+#[test]
+fn on_arrival_the_worker_preempts_the_learner_at_the_same_priority() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut version = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|v| v.parse().unwrap_or(0));
+    let (major, minor): (u32, u32) = (version.next().unwrap_or(0), version.next().unwrap_or(0));
+    if (major, minor) < (6, 12) {
+        eprintln!("Linux {release} has no custom time slices: nothing to check");
+        return;
+    }
+    let (learning, own) = learning_threads_during_an_update(false);
+    let own = own.expect("the worker's thread");
+    assert_eq!(own.slice, Some(SHORT_SLICE), "{own:?}");
+    assert!(learning.len() >= 2, "{learning:?}");
+    for thread in &learning {
+        assert_eq!(thread.policy, own.policy, "{thread:?}");
+        assert!(thread.slice > Some(SHORT_SLICE), "{thread:?}");
+    }
 }

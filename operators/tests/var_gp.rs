@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::ops::Range;
+
 use dualgp_operators::model::baselines::var_gp::task_bound;
 use dualgp_operators::model::likelihood::Expectation;
 use dualgp_operators::model::{
@@ -18,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use common::{kernel, se, uniform, NOISE, VARIANCE};
+use common::{kernel, se, task_inputs, uniform, NOISE, VARIANCE};
 
 fn config(m: usize) -> VarGpConfig {
     VarGpConfig {
@@ -41,10 +43,7 @@ fn probit() -> Likelihood {
 
 /// Points with `x0` in `[lo, hi]` (and `x1` in `[−1, 1]`): tasks in their own regions.
 fn task(rng: &mut ChaCha8Rng, n: usize, lo: f64, hi: f64, classes: bool) -> Data {
-    let mut x = uniform(rng, n, 2, 1.0);
-    for i in 0..n {
-        x[(i, 0)] = lo + (hi - lo) * rng.random::<f64>();
-    }
+    let x = task_inputs(rng, n, lo, hi);
     let y = DVector::from_fn(n, |i, _| {
         let f = (1.5 * x[(i, 0)]).sin() + 0.5 * x[(i, 1)];
         if classes {
@@ -64,8 +63,32 @@ fn variant_learner(lik: Likelihood, m: usize, variant: VarGpVariant) -> VarGpLea
     VarGpLearner::new(kernel(), lik, VarGpConfig { variant, ..config(m) }).unwrap()
 }
 
+/// A learner of `variant` with `m` inducing inputs, after learning `tasks` in turn.
+fn learned_on(lik: Likelihood, m: usize, variant: VarGpVariant, tasks: &[&Data]) -> VarGpLearner {
+    let mut l = variant_learner(lik, m, variant);
+    for task in tasks {
+        l.learn_batch(task).unwrap();
+    }
+    l
+}
+
+/// The posterior after two tasks and the two tasks' blocks of inducing inputs.
+fn fitted_two_tasks(l: &VarGpLearner) -> (&DualPosterior, Range<usize>, Range<usize>) {
+    let blocks = l.task_blocks();
+    (l.fitted().unwrap(), blocks[0].clone(), blocks[1].clone())
+}
+
 fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
     (a - b).abs().max() / b.abs().max().max(1e-300)
+}
+
+/// `q(u)`'s mean and covariance within `tol` of the oracle's, relative to the
+/// oracle's largest entries.
+fn assert_near_q_u(got: (&DVector<f64>, &DMatrix<f64>), want: (&DVector<f64>, &DMatrix<f64>), tol: f64) {
+    let mean_error = max_rel(&as_col(got.0), &as_col(want.0));
+    assert!(mean_error < tol, "mean error {mean_error}");
+    let cov_error = max_rel(got.1, want.1);
+    assert!(cov_error < tol, "covariance error {cov_error}");
 }
 
 fn k_zz(post: &DualPosterior) -> DMatrix<f64> {
@@ -84,18 +107,11 @@ fn titsias(data: &Data, z: &DMatrix<f64>, jitter: f64) -> (DVector<f64>, DMatrix
 fn one_gaussian_task_with_theta_fixed_is_titsias_sgpr() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let data = task(&mut rng, 80, -3.0, 3.0, false);
-    let mut l = learner(gaussian(), 15);
-    l.learn_batch(&data).unwrap();
+    let l = learned_on(gaussian(), 15, VarGpVariant::Ar, &[&data]);
     let post = l.fitted().unwrap();
     let (m_u, s) = titsias(&data, &post.z, post.jitter);
     let (mean, cov) = post.q_u(0);
-    assert!(
-        max_rel(
-            &DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()),
-            &DMatrix::from_column_slice(m_u.len(), 1, m_u.as_slice())
-        ) < 1e-8
-    );
-    assert!(max_rel(&cov, &s) < 1e-8, "{}", max_rel(&cov, &s));
+    assert_near_q_u((&mean, &cov), (&m_u, &s), 1e-8);
 }
 
 /// One Bernoulli task with `θ` fixed is the SVGP optimum on it: the bound
@@ -107,8 +123,7 @@ fn one_gaussian_task_with_theta_fixed_is_titsias_sgpr() {
 fn one_bernoulli_task_with_theta_fixed_is_the_svgp_optimum() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     let data = task(&mut rng, 120, -3.0, 3.0, true);
-    let mut l = learner(probit(), 12);
-    l.learn_batch(&data).unwrap();
+    let l = learned_on(probit(), 12, VarGpVariant::Ar, &[&data]);
     let offline = fit_offline(
         kernel(),
         probit(),
@@ -149,18 +164,14 @@ fn two_tasks(lik: Likelihood, seed: u64) -> (VarGpLearner, Data, Data) {
         task(&mut rng, 60, -3.0, 0.0, classes),
         task(&mut rng, 60, 0.0, 3.0, classes),
     );
-    let mut l = learner(lik, 8);
-    l.learn_batch(&first).unwrap();
-    l.learn_batch(&second).unwrap();
+    let l = learned_on(lik, 8, VarGpVariant::Ar, &[&first, &second]);
     (l, first, second)
 }
 
 #[test]
 fn a_second_gaussian_task_is_the_closed_form_block_and_the_joint_is_eq_22() {
     let (l, first, second) = two_tasks(gaussian(), 3);
-    let post = l.fitted().unwrap();
-    let blocks = l.task_blocks();
-    let (b1, b2) = (blocks[0].clone(), blocks[1].clone());
+    let (post, b1, b2) = fitted_two_tasks(&l);
     assert_eq!(post.m(), b1.len() + b2.len());
     let z1 = post.z.rows(b1.start, b1.len()).into_owned();
     let z2 = post.z.rows(b2.start, b2.len()).into_owned();
@@ -190,9 +201,11 @@ fn a_second_gaussian_task_is_the_closed_form_block_and_the_joint_is_eq_22() {
     s_v.view_mut((b2.start, b2.start), (b2.len(), b2.len()))
         .copy_from(&s_v2);
     let (mean, cov) = post.q_u(0);
-    let as_col = |v: &DVector<f64>| DMatrix::from_column_slice(v.len(), 1, v.as_slice());
-    assert!(max_rel(&as_col(&mean), &as_col(&(&l_full * &m_v))) < 1e-8);
-    assert!(max_rel(&cov, &(&l_full * &s_v * l_full.transpose())) < 1e-8);
+    assert_near_q_u(
+        (&mean, &cov),
+        (&(&l_full * &m_v), &(&l_full * &s_v * l_full.transpose())),
+        1e-8,
+    );
 
     // Eq. 22 from the seed's parameters: (m_1, Σ_1), (m_2, Σ_2) and A_2 = K_21 K_11⁻¹.
     let (m1, sig1) = l.innovation(0, 0).unwrap();
@@ -212,12 +225,7 @@ fn a_second_gaussian_task_is_the_closed_form_block_and_the_joint_is_eq_22() {
     joint_cov
         .view_mut((b2.start, b2.start), (b2.len(), b2.len()))
         .copy_from(&(&sig2 + &a_2 * &sig1 * a_2.transpose()));
-    assert!(
-        max_rel(&as_col(&mean), &as_col(&joint_mean)) < 1e-7,
-        "{}",
-        max_rel(&as_col(&mean), &as_col(&joint_mean))
-    );
-    assert!(max_rel(&cov, &joint_cov) < 1e-7, "{}", max_rel(&cov, &joint_cov));
+    assert_near_q_u((&mean, &cov), (&joint_mean, &joint_cov), 1e-7);
 }
 
 fn log_normal(x: &DVector<f64>, mean: &DVector<f64>, chol: &nalgebra::Cholesky<f64, nalgebra::Dyn>) -> f64 {
@@ -229,9 +237,7 @@ fn log_normal(x: &DVector<f64>, mean: &DVector<f64>, chol: &nalgebra::Cholesky<f
 #[test]
 fn the_closed_form_kl_and_predictive_match_ancestral_sampling() {
     let (l, _, _) = two_tasks(probit(), 4);
-    let post = l.fitted().unwrap();
-    let blocks = l.task_blocks();
-    let (b1, b2) = (blocks[0].clone(), blocks[1].clone());
+    let (post, b1, b2) = fitted_two_tasks(&l);
     let z1 = post.z.rows(b1.start, b1.len()).into_owned();
     let z2 = post.z.rows(b2.start, b2.len()).into_owned();
     let k11 = se(&z1, &z1) + DMatrix::identity(z1.nrows(), z1.nrows()) * post.jitter;
@@ -474,12 +480,8 @@ fn global_is_block_diagonal_in_u_and_predicts_as_the_dense_computation() {
         task(&mut rng, 60, -3.0, 0.0, false),
         task(&mut rng, 60, 0.0, 3.0, false),
     );
-    let mut l = variant_learner(gaussian(), 8, VarGpVariant::Global);
-    l.learn_batch(&first).unwrap();
-    l.learn_batch(&second).unwrap();
-    let post = l.fitted().unwrap();
-    let blocks = l.task_blocks();
-    let (b1, b2) = (blocks[0].clone(), blocks[1].clone());
+    let l = learned_on(gaussian(), 8, VarGpVariant::Global, &[&first, &second]);
+    let (post, b1, b2) = fitted_two_tasks(&l);
     let k = k_zz(post);
     let k_inv = k.clone().try_inverse().unwrap();
     let (m1, s1) = titsias(&first, &post.z.rows(b1.start, b1.len()).into_owned(), post.jitter);
@@ -498,12 +500,7 @@ fn global_is_block_diagonal_in_u_and_predicts_as_the_dense_computation() {
     s_u.view_mut((b2.start, b2.start), (b2.len(), b2.len())).copy_from(&s2);
 
     let (mean, cov) = post.q_u(0);
-    assert!(
-        max_rel(&as_col(&mean), &as_col(&m_u)) < 1e-7,
-        "{}",
-        max_rel(&as_col(&mean), &as_col(&m_u))
-    );
-    assert!(max_rel(&cov, &s_u) < 1e-7, "{}", max_rel(&cov, &s_u));
+    assert_near_q_u((&mean, &cov), (&m_u, &s_u), 1e-7);
     let across = cov.view((b2.start, b1.start), (b2.len(), b1.len())).amax();
     assert!(across < 1e-9 * cov.amax(), "blocks correlated in u: {across}");
 
@@ -534,12 +531,7 @@ fn retrain_on_gaussian_tasks_is_titsias_sgpr_on_all_data() {
         task(&mut rng, 8, -3.0, 0.0, false),
         task(&mut rng, 60, -1.0, 3.0, false),
     );
-    let learned = |variant| {
-        let mut l = variant_learner(gaussian(), 8, variant);
-        l.learn_batch(&first).unwrap();
-        l.learn_batch(&second).unwrap();
-        l
-    };
+    let learned = |variant| learned_on(gaussian(), 8, variant, &[&first, &second]);
     let retrain = learned(VarGpVariant::Retrain);
     let post = retrain.fitted().unwrap();
     let is_inducing = |x: DMatrix<f64>| (0..8).any(|j| post.z.rows(j, 1) == x);
@@ -551,12 +543,7 @@ fn retrain_on_gaussian_tasks_is_titsias_sgpr_on_all_data() {
     let (mean, cov) = post.q_u(0);
     // The jitter on `K` (10⁻⁶ of the variance) leaves the projections of
     // the first task's records on `Z_1` exact only to about that.
-    assert!(
-        max_rel(&as_col(&mean), &as_col(&m_u)) < 1e-5,
-        "{}",
-        max_rel(&as_col(&mean), &as_col(&m_u))
-    );
-    assert!(max_rel(&cov, &s_u) < 1e-5, "{}", max_rel(&cov, &s_u));
+    assert_near_q_u((&mean, &cov), (&m_u, &s_u), 1e-5);
 
     let ar = learned(VarGpVariant::Ar);
     let (ar_mean, _) = ar.fitted().unwrap().q_u(0);
@@ -597,9 +584,7 @@ fn dense_global_bound(post: &DualPosterior, data: &Data, first: usize, m2: &DVec
 fn global_bernoulli_block_is_stationary_for_the_dense_bound() {
     let mut rng = ChaCha8Rng::seed_from_u64(10);
     let (first, second) = (task(&mut rng, 60, -3.0, 0.5, true), task(&mut rng, 60, -0.5, 3.0, true));
-    let mut l = variant_learner(probit(), 6, VarGpVariant::Global);
-    l.learn_batch(&first).unwrap();
-    l.learn_batch(&second).unwrap();
+    let l = learned_on(probit(), 6, VarGpVariant::Global, &[&first, &second]);
     let post = l.fitted().unwrap();
     let block = l.task_blocks()[1].clone();
     let (m_u, s_u) = post.q_u(0);

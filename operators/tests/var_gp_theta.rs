@@ -16,11 +16,11 @@ use dualgp_operators::model::{
     Pivot, Predictive, StreamingLearner, VarGpConfig, VarGpLearner, VarGpTheta, VarGpVariant,
 };
 use nalgebra::{DMatrix, DVector};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use common::{assert_matches_finite_differences, uniform};
+use common::{assert_matches_finite_differences, task_inputs, uniform};
 
 fn matern(lengthscales: Vec<f64>) -> Kernel {
     Kernel::stationary(Family::Matern52, 1.3, lengthscales)
@@ -39,10 +39,7 @@ fn config(theta: VarGpTheta) -> VarGpConfig {
 
 /// Points with `x0` in `[lo, hi]` and `x1` in `[−1, 1]`; `f = sin(3 x0) + 0.5 x1`.
 fn task(rng: &mut ChaCha8Rng, n: usize, lo: f64, hi: f64, classes: bool) -> Data {
-    let mut x = uniform(rng, n, 2, 1.0);
-    for i in 0..n {
-        x[(i, 0)] = lo + (hi - lo) * rng.random::<f64>();
-    }
+    let x = task_inputs(rng, n, lo, hi);
     let y = DVector::from_fn(n, |i, _| {
         let f = (3.0 * x[(i, 0)]).sin() + 0.5 * x[(i, 1)];
         let noise: f64 = StandardNormal.sample(rng);

@@ -4,20 +4,14 @@
 //! restarted pipeline resumes after the last epoch it applied; a newest file
 //! that does not read back (truncated, corrupted) gives way to the one before.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
-use timely::dataflow::operators::generic::Operator;
-use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
-use super::checkpoint_writer::Writer;
-use super::reduce_stage::ModelUpdate;
 use crate::model::{SequentialLearner, StreamingLearner};
 
 /// The checkpoint format this code writes and reads. Version 1 held the
@@ -25,31 +19,64 @@ use crate::model::{SequentialLearner, StreamingLearner};
 /// digits that holding them whitened is for, so it is refused.
 pub const CHECKPOINT_VERSION: u32 = 2;
 
+/// The learner after an epoch's update and the source positions that update
+/// reflects: what a restarted pipeline resumes from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Checkpoint<P> {
+    /// The format version, [`CHECKPOINT_VERSION`] when written by this code.
     pub version: u32,
     /// The last epoch the learner has applied.
     pub epoch: u64,
+    /// The learner after `epoch`'s update.
     pub learner: SequentialLearner,
     /// Each worker's source position after `epoch`, in worker order.
     pub positions: Vec<P>,
 }
 
+/// Why a checkpoint could not be written or read back.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// The file system refused a read, write or rename.
     #[error("checkpoint {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The file is not JSON of a checkpoint.
     #[error("checkpoint {path} is not a dualgp checkpoint: {source}")]
-    Format { path: PathBuf, source: serde_json::Error },
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// Where the JSON did not parse.
+        source: serde_json::Error,
+    },
+    /// The contents do not match the CRC-32 written with them.
     #[error("checkpoint {path} is damaged: its contents do not match their checksum")]
-    Checksum { path: PathBuf },
+    Checksum {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A format version this code does not read.
     #[error(
         "checkpoint {path} has format version {found}; this dualgp reads version {CHECKPOINT_VERSION} only: \
          point it at an empty checkpoint directory to start afresh"
     )]
-    Version { path: PathBuf, found: u32 },
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version it states.
+        found: u32,
+    },
+    /// The file reads, but its learner's shapes or values are inconsistent.
     #[error("checkpoint {path} reads, but its model cannot be used: {why}")]
-    Unusable { path: PathBuf, why: String },
+    Unusable {
+        /// The file.
+        path: PathBuf,
+        /// What is inconsistent.
+        why: String,
+    },
 }
 
 /// A directory of checkpoints `checkpoint-EPOCH.json`, the newest `keep` kept.
@@ -60,12 +87,15 @@ pub struct CheckpointStore {
 }
 
 impl CheckpointStore {
+    /// A store in `dir` (created if missing) that keeps the newest `keep`
+    /// checkpoints (at least one).
     pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Result<Self, CheckpointError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| io(&dir, source))?;
         Ok(CheckpointStore { dir, keep: keep.max(1) })
     }
 
+    /// The directory the checkpoints are in.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -259,6 +289,8 @@ pub type Positions<'scope, P> = StreamVec<'scope, u64, (usize, P)>;
 /// The epochs whose checkpoint was saved, or why saving failed.
 pub type Saved<'scope> = StreamVec<'scope, u64, Result<u64, String>>;
 
+/// Saves checkpoints from a stream of model updates (implemented, with the
+/// thread that writes them, in `checkpoint_writer.rs`).
 pub trait WriteCheckpoints<'scope> {
     /// Saves a checkpoint for every model update once every worker has
     /// reported its source position for that epoch. An epoch some worker
@@ -272,99 +304,4 @@ pub trait WriteCheckpoints<'scope> {
     ) -> Saved<'scope>
     where
         P: timely::ExchangeData + Clone + Serialize;
-}
-
-impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
-    fn write_checkpoints<P>(
-        self,
-        positions: Positions<'scope, P>,
-        store: impl Into<Option<CheckpointStore>>,
-    ) -> Saved<'scope>
-    where
-        P: timely::ExchangeData + Clone + Serialize,
-    {
-        let store = store.into();
-        let to_first = Exchange::new(|_: &(usize, P)| 0);
-        let scope = self.scope();
-        let peers = scope.peers();
-        self.binary_frontier(positions, Pipeline, to_first, "GpCheckpoint", move |_, info| {
-            let mut updates: BTreeMap<u64, (Capability<u64>, ModelUpdate)> = BTreeMap::new();
-            let mut reported: BTreeMap<u64, Vec<(usize, P)>> = BTreeMap::new();
-            // Checkpoints being written, each epoch's capability held until its write ends.
-            let mut writing: BTreeMap<u64, Capability<u64>> = BTreeMap::new();
-            // Started by the first checkpoint: only one worker gets any.
-            let mut unstarted = store.map(|store| (store, scope.worker().sync_activator_for(info.address.to_vec())));
-            let mut writer: Option<Result<Writer<P>, String>> = None;
-            move |(updates_in, updates_frontier), (positions_in, positions_frontier), output| {
-                updates_in.for_each_stamp(|cap, data| {
-                    if let Some(cap) = cap.retain_least(output.output_index()) {
-                        for update in data.flat_map(|d| d.drain(..)) {
-                            updates.insert(*cap.time(), (cap.clone(), update));
-                        }
-                    }
-                });
-                positions_in.for_each_stamp(|cap, data| {
-                    if let Some(time) = cap.least() {
-                        reported
-                            .entry(*time)
-                            .or_default()
-                            .extend(data.flat_map(|d| d.drain(..)));
-                    }
-                });
-                while let Some(entry) = updates.first_entry() {
-                    let epoch = *entry.key();
-                    if updates_frontier.less_equal(&epoch) || positions_frontier.less_equal(&epoch) {
-                        break;
-                    }
-                    let (cap, update) = entry.remove();
-                    let mut at = reported.remove(&epoch).unwrap_or_default();
-                    at.sort_by_key(|p| p.0);
-                    at.dedup_by_key(|p| p.0);
-                    if at.len() < peers {
-                        continue;
-                    }
-                    let checkpoint = Checkpoint {
-                        version: CHECKPOINT_VERSION,
-                        epoch,
-                        learner: update.learner,
-                        positions: at.into_iter().map(|p| p.1).collect(),
-                    };
-                    let w = writer.get_or_insert_with(|| match unstarted.take() {
-                        Some((store, wake)) => {
-                            Writer::start(store, wake).map_err(|e| format!("cannot start the checkpoint writer: {e}"))
-                        }
-                        None => Err("no checkpoint directory on the worker that writes checkpoints".into()),
-                    });
-                    let queued = match w {
-                        Ok(w) => w.save(checkpoint),
-                        Err(why) => Err(why.clone()),
-                    };
-                    match queued {
-                        Ok(()) => drop(writing.insert(epoch, cap)),
-                        Err(why) => output.session(&cap).give(Err(why)),
-                    }
-                }
-                if let Some(Ok(w)) = &writer {
-                    let (finished, stopped) = w.finished();
-                    for (epoch, outcome) in finished {
-                        if let Some(cap) = writing.remove(&epoch) {
-                            output.session(&cap).give(outcome);
-                        }
-                    }
-                    if stopped {
-                        for (_, cap) in std::mem::take(&mut writing) {
-                            output
-                                .session(&cap)
-                                .give(Err("the checkpoint writer has stopped".to_string()));
-                        }
-                    }
-                }
-                // Positions of epochs without an update are not needed.
-                let done = |t: &u64| {
-                    !updates_frontier.less_equal(t) && !positions_frontier.less_equal(t) && !updates.contains_key(t)
-                };
-                reported.retain(|t, _| !done(t));
-            }
-        })
-    }
 }

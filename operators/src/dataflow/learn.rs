@@ -20,6 +20,7 @@ pub struct GpStreams<'scope> {
     pub rejected: StreamVec<'scope, u64, Rejected>,
 }
 
+/// The learning operator, as methods on a stream of records.
 pub trait LearnGp<'scope> {
     /// Scores each record, then learns from the labelled ones, one epoch at a
     /// time. `learner` is the starting state (fresh or a checkpoint), the same

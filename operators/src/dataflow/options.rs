@@ -45,6 +45,7 @@ impl std::fmt::Display for Scoring {
 pub struct GpOptions {
     /// Inputs per record.
     pub features: usize,
+    /// Which model scores each record.
     pub scoring: Scoring,
     /// The epoch whose update made the starting learner (restored from a
     /// checkpoint); predictions made with it say so in `model_epoch`.

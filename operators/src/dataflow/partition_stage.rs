@@ -12,7 +12,7 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 
-use super::beside::{Beside, Jobs, Polled, Results};
+use super::beside::{score_promptly, Beside, Jobs, Polled, Results};
 use super::health::panic_message;
 use super::options::Round;
 use super::options::{GpOptions, Scoring};
@@ -21,7 +21,7 @@ use super::repeats::{once_per_id, ArrivedIds};
 use crate::model::data::model_inputs;
 use crate::model::dual::blocks::route;
 use crate::model::dual::point::PointId;
-use crate::model::dual::posterior::Marginals;
+use crate::model::posterior::Marginals;
 use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
@@ -220,8 +220,22 @@ pub(super) fn partition_stage<'scope>(
         // The query the shard's thread is answering, and the epoch of the shard it holds.
         let mut answering: Option<Capability<Round>> = None;
         let mut shard_epoch: Option<u64> = None;
+        // A background learner yields the cores anyway.
+        if scoring == Scoring::OnArrival && !learn_in_background {
+            score_promptly();
+        }
         let wake = scope.worker().sync_activator_for(info.address.to_vec());
-        let shard_thread = Beside::spawn(format!("dualgp-shard-{worker}"), learn_in_background, wake, answer_jobs);
+        let answers_of = ShardMaker {
+            partition,
+            features,
+            likelihood: likelihood.clone(),
+        };
+        let shard_thread = Beside::spawn(
+            format!("dualgp-shard-{worker}"),
+            learn_in_background,
+            wake,
+            move |jobs, done| answer_jobs(answers_of, jobs, done),
+        );
 
         move |(records, record_frontier), (queries, query_frontier), output| {
             queries.for_each_stamp(|cap, data| {
@@ -258,14 +272,13 @@ pub(super) fn partition_stage<'scope>(
                 let (cap, query) = asked.remove(0);
                 let epoch = cap.time().0;
                 // An update runs at the time of the last epoch it learns.
-                let shard = (shard_epoch != Some(epoch)).then(|| {
+                let records = (shard_epoch != Some(epoch)).then(|| {
                     let rest = ready.split_off(&(epoch + 1));
-                    let learned = std::mem::replace(&mut ready, rest);
-                    (epoch, shard_of(partition, learned, features, &likelihood))
+                    std::mem::replace(&mut ready, rest)
                 });
                 shard_epoch = Some(epoch);
                 // Refused only by a thread that is gone, which the next poll reports.
-                let _ = shard_thread.send(ShardJob { shard, query });
+                let _ = shard_thread.send(ShardJob { records, query });
                 answering = Some(cap);
             }
 
@@ -360,11 +373,41 @@ pub(super) fn partition_stage<'scope>(
     })
 }
 
-/// A query for the shard's thread, with the shard to answer from when an
-/// update begins.
+/// A query for the shard's thread, with the records (by epoch) of the shard
+/// to answer from when an update begins: the thread builds the shard, so the
+/// worker's own thread goes back to scoring at once.
 struct ShardJob {
-    shard: Option<(u64, Shard)>,
+    records: Option<BTreeMap<u64, Vec<Record>>>,
     query: Query,
+}
+
+/// What the shard's thread needs to build a shard of records.
+struct ShardMaker {
+    partition: Partition,
+    features: usize,
+    likelihood: Likelihood,
+}
+
+impl ShardMaker {
+    /// A shard of the labelled records of some epochs, each keeping its epoch as its batch.
+    fn shard_of(&self, epochs: BTreeMap<u64, Vec<Record>>) -> Shard {
+        let records: Vec<(u64, Record)> = epochs
+            .into_iter()
+            .flat_map(|(epoch, records)| records.into_iter().map(move |r| (epoch, r)))
+            .collect();
+        let ids: Vec<PointId> = records
+            .iter()
+            .map(|(batch, r)| PointId {
+                batch: *batch,
+                id: r.id,
+            })
+            .collect();
+        let x = DMatrix::from_fn(records.len(), self.features, |i, j| records[i].1.features[j]);
+        let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
+        let outputs = records.iter().map(|(_, r)| r.output).collect();
+        let data = Data::for_model(&self.likelihood, x, y, outputs).expect("checked on arrival");
+        Shard::of_points(self.partition, &ids, data)
+    }
 }
 
 /// The shard's answer, and after a Finish the new model, factorised for scoring.
@@ -384,11 +427,11 @@ impl ShardDone {
 
 /// The shard's thread: answers each query from the shard it holds, which
 /// it drops once the workers have taken up the update's model.
-fn answer_jobs(jobs: Jobs<ShardJob>, done: Results<ShardDone>) {
-    let mut shard: Option<(u64, Shard)> = None;
-    while let Some(ShardJob { shard: new, query }) = jobs.next() {
-        if new.is_some() {
-            shard = new;
+fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results<ShardDone>) {
+    let mut shard: Option<Shard> = None;
+    while let Some(ShardJob { records, query }) = jobs.next() {
+        if let Some(records) = records {
+            shard = Some(maker.shard_of(records));
         }
         let finished = match &query {
             Query::Finish { model, .. } => Some(usable(model)),
@@ -423,8 +466,8 @@ fn usable(model: &Snapshot) -> Result<Snapshot, String> {
 
 /// The shard's answer to `query`; a panic while answering is this update's
 /// failure (the shard, left half-changed, is dropped), not this worker's.
-fn answer_caught(shard: &mut Option<(u64, Shard)>, query: Query) -> Result<Answer, String> {
-    let Some((_, held)) = shard.as_mut() else {
+fn answer_caught(shard: &mut Option<Shard>, query: Query) -> Result<Answer, String> {
+    let Some(held) = shard.as_mut() else {
         return Err("no records held for this update".into());
     };
     match catch_unwind(AssertUnwindSafe(|| held.answer(query))) {
@@ -434,32 +477,6 @@ fn answer_caught(shard: &mut Option<(u64, Shard)>, query: Query) -> Result<Answe
             Err(format!("answering panicked: {}", panic_message(&*panic)))
         }
     }
-}
-
-/// A shard of the labelled records of some epochs, each keeping its epoch as
-/// its batch.
-fn shard_of(
-    partition: Partition,
-    epochs: BTreeMap<u64, Vec<Record>>,
-    features: usize,
-    likelihood: &Likelihood,
-) -> Shard {
-    let records: Vec<(u64, Record)> = epochs
-        .into_iter()
-        .flat_map(|(epoch, records)| records.into_iter().map(move |r| (epoch, r)))
-        .collect();
-    let ids: Vec<PointId> = records
-        .iter()
-        .map(|(batch, r)| PointId {
-            batch: *batch,
-            id: r.id,
-        })
-        .collect();
-    let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].1.features[j]);
-    let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
-    let outputs = records.iter().map(|(_, r)| r.output).collect();
-    let data = Data::for_model(likelihood, x, y, outputs).expect("checked on arrival");
-    Shard::of_points(partition, &ids, data)
 }
 
 /// Why a record cannot be scored or learned from, if it cannot.

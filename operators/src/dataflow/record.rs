@@ -9,6 +9,7 @@ use crate::model::Predictive;
 pub struct Record {
     /// The caller's key; predictions carry it back.
     pub id: i64,
+    /// The inputs, one value per feature.
     pub features: Vec<f64>,
     /// `None`: score only, nothing to learn from.
     pub label: Option<f64>,
@@ -19,6 +20,7 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record of output 0 (a single-output model's one output).
     pub fn new(id: i64, features: Vec<f64>, label: Option<f64>) -> Self {
         Record {
             id,
@@ -39,6 +41,7 @@ impl Record {
 /// learned from the record (score first, then learn).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
+    /// The record's id.
     pub id: i64,
     /// The epoch the record came in.
     pub epoch: u64,
@@ -46,6 +49,7 @@ pub struct Prediction {
     /// update had been made (the prior). Prequential scoring gives the newest
     /// update before `epoch`; scoring on arrival may give an older one.
     pub model_epoch: Option<u64>,
+    /// The predictive distribution of the record's `y` (of its output).
     pub predictive: Predictive,
     /// `log p(label | model)` when the record came with a label: its
     /// prequential score, before the model learned from it.
@@ -75,7 +79,10 @@ impl Prediction {
 /// A record the operator cannot score or learn from, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rejected {
+    /// The epoch the record came in.
     pub epoch: u64,
+    /// The record as it came.
     pub record: Record,
+    /// Why it was refused, in a sentence.
     pub reason: String,
 }

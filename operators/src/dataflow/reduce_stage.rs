@@ -37,6 +37,7 @@ pub struct ModelUpdate {
     /// What the update did, or why the batch could not be learned (the model
     /// then stays as it was before the epoch).
     pub outcome: Result<UpdateReport, String>,
+    /// The learner after the epoch (as before it when the update failed).
     pub learner: SequentialLearner,
 }
 
@@ -47,13 +48,15 @@ pub(super) enum ReduceOutput {
 }
 
 /// What the operator hands the learner's thread: an update to begin, with
-/// the batch's arrivals (the answer to its first question), the merged
-/// answer to the question it asked last, or why there is none.
+/// the batch's arrivals (the answer to its first question), or one that
+/// cannot begin; the merged answer to the question it asked last, or why
+/// there is none.
 enum Job {
     Begin {
-        learner: Box<SequentialLearner>,
         arrivals: Answer,
     },
+    /// The update fails before it began, with this reason.
+    Refuse(String),
     Answer(Answer),
     /// A worker could not answer: the update fails with this reason.
     Abort(String),
@@ -62,8 +65,13 @@ enum Job {
 /// Where an update stands: its next question, or how it ended.
 enum Step {
     Asks(Box<Query>),
-    Learned(Box<SequentialLearner>, UpdateReport),
-    Failed(String),
+    /// A copy of the learner after the update (as before it, if it failed),
+    /// to send on. The thread keeps the learner and makes its copies, so the
+    /// worker's own thread only scores meanwhile.
+    Ended {
+        learner: Box<SequentialLearner>,
+        outcome: Result<UpdateReport, String>,
+    },
 }
 
 /// Why the learner's thread stops an update midway (unwound to its top).
@@ -113,7 +121,7 @@ impl Workers<'_> {
         match self.jobs.next() {
             Some(Job::Answer(answer)) => answer,
             Some(Job::Abort(why)) => resume_unwind(Box::new(Stop::Fails(why))),
-            Some(Job::Begin { .. }) => {
+            Some(Job::Begin { .. } | Job::Refuse(_)) => {
                 resume_unwind(Box::new(Stop::Fails("a new update began before this one ended".into())))
             }
             None => resume_unwind(Box::new(Stop::Abandoned)),
@@ -133,14 +141,26 @@ impl Shards for Workers<'_> {
     }
 }
 
-/// The learner's thread: runs each update to its end, one question at a
-/// time. A panic inside an update is a failure of that update, not of the
-/// worker.
-fn run_updates(jobs: Jobs<Job>, steps: Results<Step>) {
+/// The learner's thread: holds the learner and runs each update to its
+/// end, one question at a time. A panic inside an update is a failure of
+/// that update, not of the worker.
+fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<Step>) {
     while let Some(job) = jobs.next() {
-        let Job::Begin { mut learner, arrivals } = job else {
-            continue; // an answer to an update that has already ended
+        let arrivals = match job {
+            Job::Begin { arrivals } => arrivals,
+            Job::Refuse(why) => {
+                let ended = Step::Ended {
+                    learner: Box::new(learner.clone()),
+                    outcome: Err(why),
+                };
+                if !steps.send(ended) {
+                    return;
+                }
+                continue;
+            }
+            _ => continue, // an answer to an update that has already ended
         };
+        let before = learner.clone();
         let mut workers = Workers {
             arrivals: Some(arrivals),
             jobs: &jobs,
@@ -154,18 +174,24 @@ fn run_updates(jobs: Jobs<Job>, steps: Results<Step>) {
                 Poll::Pending => Err("the update waits without a question".into()),
             }
         }));
-        let step = match outcome {
-            Ok(Ok(report)) => Step::Learned(learner, report),
-            Ok(Err(why)) => Step::Failed(why),
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
             Err(stop) => match stop.downcast::<Stop>() {
                 Ok(stop) => match *stop {
-                    Stop::Fails(why) => Step::Failed(why),
+                    Stop::Fails(why) => Err(why),
                     Stop::Abandoned => return,
                 },
-                Err(panic) => Step::Failed(format!("the update panicked: {}", panic_message(&*panic))),
+                Err(panic) => Err(format!("the update panicked: {}", panic_message(&*panic))),
             },
         };
-        if !steps.send(step) {
+        if outcome.is_err() {
+            learner = before;
+        }
+        let ended = Step::Ended {
+            learner: Box::new(learner.clone()),
+            outcome,
+        };
+        if !steps.send(ended) {
             return;
         }
     }
@@ -177,11 +203,10 @@ pub(super) type WorkerAnswer = Result<Answer, String>;
 /// The answers of one round, under the capability to reply.
 type Answers = (Capability<Round>, Vec<(usize, WorkerAnswer)>);
 
-/// One update in progress: the state to return to if it fails, and the
-/// round whose answers the learner's thread is working on.
+/// One update in progress: its first epoch, and the round whose answers
+/// the learner's thread is working on.
 struct Running {
     from_epoch: u64,
-    before: SequentialLearner,
     waiting: Option<Capability<Round>>,
 }
 
@@ -198,10 +223,15 @@ pub(super) fn reduce_stage<'scope>(
         Exchange::new(|_: &(usize, WorkerAnswer)| 0),
         "GpReduce",
         move |_, info| {
-            let mut learner = reducer.then_some(learner);
+            // The learner lives on its thread, on the reducing worker only.
             let learner_thread = reducer.then(|| {
                 let wake = scope.worker().sync_activator_for(info.address.to_vec());
-                Beside::spawn("dualgp-learner".into(), options.learn_in_background, wake, run_updates)
+                Beside::spawn(
+                    "dualgp-learner".into(),
+                    options.learn_in_background,
+                    wake,
+                    move |jobs, steps| run_updates(learner, jobs, steps),
+                )
             });
             let mut running: Option<Running> = None;
             let mut stash: BTreeMap<Round, Answers> = BTreeMap::new();
@@ -213,36 +243,34 @@ pub(super) fn reduce_stage<'scope>(
                         entry.1.extend(data.flat_map(|d| d.drain(..)));
                     }
                 });
+                let Some(thread) = learner_thread.as_ref() else {
+                    return; // answers go to the reducing worker only
+                };
                 loop {
                     // Where the learner's thread stands, if it is working and has moved on.
                     if let Some(cap) = running.as_ref().and_then(|run| run.waiting.as_ref()) {
-                        let thread = learner_thread.as_ref().expect("updates run on the reducing worker");
                         let step = match thread.poll() {
                             Polled::Ready(step) => step,
                             Polled::Pending => break,
-                            Polled::Gone => Step::Failed("the learner's thread stopped".into()),
+                            // It catches every panic of an update, so this is a bug.
+                            Polled::Gone => panic!("the learner's thread stopped outside an update"),
                         };
-                        let learned = match step {
+                        let (learner, outcome) = match step {
                             Step::Asks(query) => {
                                 output.session(cap).give(ReduceOutput::Query(query));
                                 running.as_mut().expect("matched above").waiting = None;
                                 continue;
                             }
-                            Step::Learned(state, report) => Ok((*state, report)),
-                            Step::Failed(why) => Err(why),
+                            Step::Ended { learner, outcome } => (learner, outcome),
                         };
-                        let Running {
-                            from_epoch,
-                            before,
-                            waiting,
-                        } = running.take().expect("matched above");
+                        let Running { from_epoch, waiting } = running.take().expect("matched above");
                         let cap = waiting.expect("matched above");
-                        let (state, outcome) = match learned {
-                            Ok((state, report)) => (state, Ok(report)),
-                            Err(why) => (before, Err(why)),
-                        };
-                        output.session(&cap).give(update(&cap, from_epoch, &state, outcome));
-                        learner = Some(state);
+                        output.session(&cap).give(ReduceOutput::Update(Box::new(ModelUpdate {
+                            epoch: cap.time().0,
+                            from_epoch,
+                            outcome,
+                            learner: *learner,
+                        })));
                     }
                     let Some(entry) = stash.first_entry() else { break };
                     if frontier.less_equal(entry.key()) {
@@ -250,7 +278,8 @@ pub(super) fn reduce_stage<'scope>(
                     }
                     let (mut cap, mut answers) = entry.remove();
                     let from_epoch = cap.time().0;
-                    if cap.time().1 == 0 {
+                    let begins = cap.time().1 == 0;
+                    if begins {
                         // Epochs that every worker has handed over meanwhile are
                         // learned with this one, at the last one's time. (The
                         // frontier cannot say they are complete: this stage's own
@@ -270,33 +299,22 @@ pub(super) fn reduce_stage<'scope>(
                     let merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
                         a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
                     });
-                    if cap.time().1 == 0 && matches!(merged, Ok(Answer::Nothing)) {
+                    if begins && matches!(merged, Ok(Answer::Nothing)) {
                         continue; // no worker had a labelled record
                     }
-                    let thread = learner_thread.as_ref().expect("answers come to the reducing worker");
-                    let job = match merged {
-                        Ok(arrivals) if cap.time().1 == 0 => {
-                            let state = learner.take().expect("one update at a time, on the reducing worker");
-                            running = Some(Running {
-                                from_epoch,
-                                before: state.clone(),
-                                waiting: None,
-                            });
-                            Job::Begin {
-                                learner: Box::new(state),
-                                arrivals,
-                            }
-                        }
-                        Ok(merged) => Job::Answer(merged),
-                        // The update fails before it began.
-                        Err(why) if cap.time().1 == 0 => {
-                            let state = learner.as_ref().expect("the reducing worker holds the learner");
-                            output.session(&cap).give(update(&cap, from_epoch, state, Err(why)));
-                            continue;
-                        }
+                    let job = match (begins, merged) {
+                        (true, Ok(arrivals)) => Job::Begin { arrivals },
+                        (true, Err(why)) => Job::Refuse(why),
+                        (false, Ok(merged)) => Job::Answer(merged),
                         // Its thread, waiting for this answer, ends the update with the reason.
-                        Err(why) => Job::Abort(why),
+                        (false, Err(why)) => Job::Abort(why),
                     };
+                    if begins {
+                        running = Some(Running {
+                            from_epoch,
+                            waiting: None,
+                        });
+                    }
                     let run = running.as_mut().expect("answers arrive only while an update runs");
                     // Refused only by a thread that is gone, which the next poll reports.
                     let _ = thread.send(job);
@@ -305,19 +323,4 @@ pub(super) fn reduce_stage<'scope>(
             }
         },
     )
-}
-
-/// The learner after the update of the epochs from `from_epoch` to `cap`'s.
-fn update(
-    cap: &Capability<Round>,
-    from_epoch: u64,
-    learner: &SequentialLearner,
-    outcome: Result<UpdateReport, String>,
-) -> ReduceOutput {
-    ReduceOutput::Update(Box::new(ModelUpdate {
-        epoch: cap.time().0,
-        from_epoch,
-        outcome,
-        learner: learner.clone(),
-    }))
 }

@@ -46,6 +46,7 @@ pub struct Data {
 }
 
 impl Data {
+    /// Records of output 0: inputs `x` (`n × d`) and targets `y`, checked finite.
     pub fn new(x: DMatrix<f64>, y: DVector<f64>) -> Result<Self> {
         if x.nrows() != y.len() {
             return Err(ModelError::Dimension {
@@ -119,10 +120,12 @@ impl Data {
         Data::new(x, DVector::from_column_slice(y))
     }
 
+    /// The inputs, one record per row.
     pub fn x(&self) -> &DMatrix<f64> {
         &self.x
     }
 
+    /// The targets, one per record.
     pub fn y(&self) -> &DVector<f64> {
         &self.y
     }
@@ -137,10 +140,12 @@ impl Data {
         !self.outputs.is_empty()
     }
 
+    /// The number of records.
     pub fn n(&self) -> usize {
         self.x.nrows()
     }
 
+    /// The number of inputs per record.
     pub fn d(&self) -> usize {
         self.x.ncols()
     }

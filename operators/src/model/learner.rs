@@ -6,10 +6,10 @@ use nalgebra::DMatrix;
 
 use crate::model::data::Data;
 use crate::model::dual::objective::named_hyperparameters;
-use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Likelihood, Predictive};
 use crate::model::math::kernel::Kernel;
+use crate::model::posterior::DualPosterior;
 use crate::model::predict::{
     evaluate, evaluate_by_output, evaluate_mixture, evaluate_mixture_by_output, predict, predict_mixture, Metrics,
 };
@@ -19,8 +19,11 @@ use crate::model::predict::{
 pub struct Learned {
     /// Updates so far, this one included.
     pub batch: u64,
+    /// Records learned so far, this batch's included.
     pub n_seen: u64,
+    /// Wall-clock seconds the update took.
     pub seconds: f64,
+    /// Figures of this learner's own (E-steps, bound, …), by name.
     pub details: Vec<(&'static str, f64)>,
 }
 
@@ -34,11 +37,13 @@ pub trait StreamingLearner {
     /// The current posterior over the inducing values, if there is one yet.
     fn posterior(&self) -> Option<&DualPosterior>;
 
+    /// The current posterior, to change in place (a restored checkpoint's factors).
     fn posterior_mut(&mut self) -> Option<&mut DualPosterior>;
 
     /// The kernel the learner started from.
     fn prior_kernel(&self) -> &Kernel;
 
+    /// The likelihood, with its current parameters.
     fn likelihood(&self) -> &Likelihood;
 
     /// Batches learned so far.

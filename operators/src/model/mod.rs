@@ -1,8 +1,9 @@
 //! The GP models, by role: `math` (kernels, linear algebra, quadrature,
-//! optimisers), `likelihood` (the observation models), `dual` (the
-//! dual-parameter posterior and the memory-based sequential learner) and
-//! `baselines` (Bui et al.'s streaming GP, the offline trainer). A new
-//! likelihood goes in `likelihood`, a new learner in its own folder.
+//! optimisers), `likelihood` (the observation models), `posterior` (the
+//! dual-parameter posterior every learner shares), `dual` (the memory-based
+//! sequential learner) and `baselines` (Bui et al.'s streaming GP, the
+//! offline trainer). A new likelihood goes in `likelihood`, a new learner in
+//! its own folder.
 //!
 //! Conventions: inputs are `n × d` matrices with one point per row; the
 //! inducing inputs `Z` are `m × d`; hyperparameters are optimised in log space.
@@ -16,6 +17,7 @@ pub mod learner;
 pub mod likelihood;
 pub mod math;
 pub mod multi;
+pub mod posterior;
 pub mod predict;
 
 pub use baselines::offline::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
@@ -25,7 +27,6 @@ pub use data::Data;
 pub use dual::estep::{EStepConfig, PointSites};
 pub use dual::memory::{bayesian_leverage_scores, MemoryPolicy};
 pub use dual::point::PointId;
-pub use dual::posterior::DualPosterior;
 pub use dual::sequential::{
     InducingPolicy, PastInMStep, SequentialConfig, SequentialLearner, Shards, StepSeconds, UpdateReport,
 };
@@ -39,6 +40,7 @@ pub use math::inducing::Pivot;
 pub use math::kernel::{Family, Kernel};
 pub use math::optim::Optimizer;
 pub use multi::MultiOutput;
+pub use posterior::DualPosterior;
 pub use predict::{
     evaluate, evaluate_by_output, evaluate_mixture, evaluate_mixture_by_output, predict, predict_mixture,
     predict_outputs, Draws, Metrics,

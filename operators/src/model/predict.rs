@@ -3,9 +3,9 @@
 use nalgebra::DMatrix;
 
 use crate::model::data::{model_inputs, Data};
-use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::posterior::DualPosterior;
 
 /// The predictive distribution of `y` at every row of `x` (of output 0 for a
 /// multi-output model; see [`predict_outputs`]).
@@ -32,8 +32,11 @@ pub fn predict_outputs(
 /// moments) and accuracy (for classes) on a labelled set.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Metrics {
+    /// The mean negative log predictive density.
     pub nlpd: f64,
+    /// The root mean squared error of the mean, for real-valued labels.
     pub rmse: Option<f64>,
+    /// The share of labels predicted as the most probable class, for classes.
     pub accuracy: Option<f64>,
 }
 

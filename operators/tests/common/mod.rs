@@ -9,7 +9,7 @@ pub mod operator;
 #[allow(unused_imports)] // not every test binary runs a cluster
 pub use hostfile::hostfile;
 
-use dualgp_operators::model::{Data, EStepConfig, Family, Kernel, Optimizer, SequentialConfig};
+use dualgp_operators::model::{Data, DualPosterior, EStepConfig, Family, Kernel, Optimizer, SequentialConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -38,12 +38,41 @@ pub fn uniform(rng: &mut ChaCha8Rng, n: usize, d: usize, half_width: f64) -> DMa
     DMatrix::from_fn(n, d, |_, _| rng.random_range(-half_width..half_width))
 }
 
+/// `n` points with `x0` uniform in `[lo, hi]` and `x1` in `[−1, 1]`: a task
+/// in its own region.
+pub fn task_inputs(rng: &mut ChaCha8Rng, n: usize, lo: f64, hi: f64) -> DMatrix<f64> {
+    let mut x = uniform(rng, n, 2, 1.0);
+    for i in 0..n {
+        x[(i, 0)] = lo + (hi - lo) * rng.random::<f64>();
+    }
+    x
+}
+
 pub fn regression_data(rng: &mut ChaCha8Rng, n: usize) -> Data {
     let x = uniform(rng, n, 2, 3.0);
     let y = DVector::from_fn(n, |i, _| {
         (x[(i, 0)]).sin() + 0.5 * x[(i, 1)] + 0.3 * rng.random::<f64>()
     });
     Data::new(x, y).unwrap()
+}
+
+/// The largest difference of two matrices, absolute or relative.
+pub type Difference = fn(&DMatrix<f64>, &DMatrix<f64>) -> f64;
+
+/// `got` predicts the latent functions at `x` as `want` does: means and
+/// variances within `tol` by `error`.
+pub fn assert_predicts_as(
+    (got, want): (&DualPosterior, &DualPosterior),
+    x: &DMatrix<f64>,
+    (error, tol): (Difference, f64),
+    what: &str,
+) {
+    let (got, want) = (got.predict_f(x), want.predict_f(x));
+    let (e_mean, e_var) = (error(&got.mean, &want.mean), error(&got.var, &want.var));
+    assert!(
+        e_mean < tol && e_var < tol,
+        "{what}mean error {e_mean:e}, variance error {e_var:e}"
+    );
 }
 
 /// Few inducing inputs and few steps, so that a stream of a few epochs runs

@@ -12,7 +12,6 @@ use crate::model::dual::ask::{at_once, e_steps_beside, totals, unexpected, Local
 use crate::model::dual::blocks::{minibatches, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs, Objective};
-use crate::model::dual::posterior::{DualPosterior, Sites};
 use crate::model::dual::shard::{route, Answer, Partition, Query, Shard, BLOCKS};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
@@ -20,7 +19,9 @@ use crate::model::likelihood::Likelihood;
 use crate::model::math::inducing::{select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
 use crate::model::math::optim::{Adam, Lbfgs, Optimizer};
+use crate::model::posterior::{DualPosterior, Sites};
 
+/// How the offline trainer's inducing inputs move as it trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InducingUpdate {
@@ -32,13 +33,16 @@ pub enum InducingUpdate {
     Optimized,
 }
 
+/// How [`fit_offline`] trains.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OfflineConfig {
     /// Rounds of one E-step then one M-step.
     pub rounds: usize,
+    /// Each round's E-step.
     pub e_step: EStepConfig,
     /// Optimiser steps (Adam) or iterations (L-BFGS) per M-step.
     pub m_steps: usize,
+    /// The M-step's optimiser.
     pub optimizer: Optimizer,
     /// Points per E-step and Adam step; `None` is full batch.
     pub minibatch: Option<usize>,
@@ -47,6 +51,7 @@ pub struct OfflineConfig {
     /// How pivoted Cholesky picks the starting inducing inputs.
     #[serde(default)]
     pub pivot: Pivot,
+    /// The seed of the minibatches' order.
     pub seed: u64,
     /// Threads that answer the points' blocks (the fit does not depend on it).
     #[serde(default = "one_thread")]
@@ -79,7 +84,9 @@ impl Default for OfflineConfig {
 /// What training leaves behind: the posterior and the fitted likelihood.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OfflineModel {
+    /// The fitted posterior (its kernel the learned one).
     pub posterior: DualPosterior,
+    /// The likelihood with its learned parameters.
     pub likelihood: Likelihood,
     /// `F(θ)` after every round's M-step.
     pub objective: Vec<f64>,

@@ -42,8 +42,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::data::Data;
 use crate::model::dual::estep::{e_step_at, EStepConfig, PointSites};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
-use crate::model::dual::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
-use crate::model::error::{ModelError, Result};
+use crate::model::error::{check_inducing, ModelError, Result};
 use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::inducing::{pivoted_cholesky, select_inducing, Pivot};
@@ -52,6 +51,7 @@ use crate::model::math::linalg::{
     cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, symmetrize, transposed,
 };
 use crate::model::math::optim::lbfgs_maximize;
+use crate::model::posterior::{Cross, DualPosterior, Sites, DEFAULT_RELATIVE_JITTER};
 
 /// How the inducing inputs `b` of a new batch are chosen from the old `a`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -64,13 +64,18 @@ pub enum OsgprInducing {
     Pivoted,
     /// Bui et al.'s code: keep a random `1 − fraction` of `a`, fill up with
     /// random batch points.
-    Replace { fraction: f64 },
+    Replace {
+        /// The share of `a` replaced, in `[0, 1]`.
+        fraction: f64,
+    },
 }
 
+/// How [`OsgprLearner`] learns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OsgprConfig {
     /// Number of inducing inputs `m`.
     pub inducing: usize,
+    /// How a new batch's inducing inputs are chosen.
     pub inducing_policy: OsgprInducing,
     /// Move `b` with the hyperparameters (Bui et al. do).
     pub optimize_z: bool,
@@ -82,6 +87,7 @@ pub struct OsgprConfig {
     pub q_steps: usize,
     /// Their damping `ρ ∈ (0, 1]`.
     pub q_rho: f64,
+    /// The seed of the random choices (`Replace`'s).
     pub seed: u64,
 }
 
@@ -101,12 +107,9 @@ impl Default for OsgprConfig {
 }
 
 impl OsgprConfig {
+    /// Refuses settings that cannot work (no inducing inputs, a fraction outside `[0, 1]`, …).
     pub fn validate(&self) -> Result<()> {
-        if self.inducing == 0 {
-            return Err(ModelError::Config(
-                "the number of inducing inputs must be at least 1".into(),
-            ));
-        }
+        check_inducing(self.inducing)?;
         if let OsgprInducing::Replace { fraction } = self.inducing_policy {
             if !(0.0..=1.0).contains(&fraction) {
                 return Err(ModelError::Config(format!(
@@ -222,7 +225,9 @@ where
 /// An explicit `q(b) = N(mean, sqrt sqrtᵀ)`; only the lower triangle of `sqrt` is used.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExplicitQ {
+    /// The mean `m_b`.
     pub mean: DVector<f64>,
+    /// `L`, the covariance's lower-triangular square root.
     pub sqrt: DMatrix<f64>,
 }
 
@@ -235,6 +240,7 @@ impl ExplicitQ {
         Ok(ExplicitQ { mean, sqrt: chol.l() })
     }
 
+    /// The covariance `L Lᵀ`.
     pub fn cov(&self) -> DMatrix<f64> {
         let l = self.sqrt.lower_triangle();
         &l * l.transpose()
@@ -244,6 +250,7 @@ impl ExplicitQ {
 /// A bound and its gradient.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bound {
+    /// The bound `F`.
     pub value: f64,
     /// `∂F/∂ log θ`: the kernel's log-parameters, then the likelihood's.
     pub grad: DVector<f64>,
@@ -251,12 +258,14 @@ pub struct Bound {
     pub grad_z: DMatrix<f64>,
     /// `∂F/∂m_b` and `∂F/∂L` (lower triangular) per latent, for an explicit `q(b)` only.
     pub grad_mean: Vec<DVector<f64>>,
+    /// `∂F/∂L` per latent (see `grad_mean`).
     pub grad_sqrt: Vec<DMatrix<f64>>,
 }
 
 /// The closed-form optimum of the Gaussian case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Collapsed {
+    /// The collapsed bound at the optimum.
     pub value: f64,
     /// The optimal `q(b)`: old term and batch as sites over `b`, whitened by `chol(K(b, b))`.
     pub whitened: Sites,
@@ -265,13 +274,17 @@ pub struct Collapsed {
 /// One batch's online problem at a model `(θ, b, jitter)`.
 #[derive(Debug, Clone, Copy)]
 pub struct Online<'a> {
+    /// The kernel at `θ`.
     pub kernel: &'a Kernel,
+    /// The likelihood at `θ`.
     pub likelihood: &'a Likelihood,
     /// The new inducing inputs `b`, `m × d`.
     pub z: &'a DMatrix<f64>,
     /// Added to `K(b, b)`, and to `K(a, b)` where an old input is kept.
     pub jitter: f64,
+    /// The old posterior's term over `a`; `None` for the first batch.
     pub old: Option<&'a OldTerm>,
+    /// The batch.
     pub data: &'a Data,
 }
 
@@ -851,30 +864,39 @@ fn cholesky_error(what: &str, jitter: f64) -> ModelError {
 /// What one update did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OsgprReport {
+    /// Batches learned, this one included.
     pub batch: u64,
+    /// Records learned, this batch's included.
     pub n_seen: u64,
     /// The online bound at the end of the update.
     pub bound: f64,
     /// Bound evaluations by the optimiser.
     pub evaluations: usize,
+    /// Whether the inducing inputs changed.
     pub moved_inducing: bool,
+    /// Wall-clock seconds the update took.
     pub seconds: f64,
 }
 
 /// Bui et al.'s streaming sparse GP; serialisable as a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OsgprLearner {
+    /// How it learns.
     pub config: OsgprConfig,
+    /// The likelihood, with its current parameters.
     pub likelihood: Likelihood,
     /// The kernel until the first batch.
     kernel: Kernel,
     /// The prior over given inducing inputs before the first batch, then `q` after each.
     posterior: Option<DualPosterior>,
+    /// Records learned so far.
     pub n_seen: u64,
+    /// Batches learned so far.
     pub batches: u64,
 }
 
 impl OsgprLearner {
+    /// A learner at the prior, `kernel` and `likelihood` its starting hyperparameters.
     pub fn new(kernel: Kernel, likelihood: Likelihood, config: OsgprConfig) -> Result<Self> {
         config.validate()?;
         if likelihood.n_outputs() > 1 {

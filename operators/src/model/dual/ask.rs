@@ -7,14 +7,15 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::model::dual::estep::{bound, checked_expectation, Backtracking, EStepConfig};
-use crate::model::dual::posterior::{DualPosterior, Sites};
 use crate::model::dual::shard::{Answer, Query, Shard};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
+use crate::model::posterior::{DualPosterior, Sites};
 
 /// Asks every shard the same question and merges their answers.
 pub trait Shards {
+    /// Every shard's answer to `query`, merged.
     fn ask(&mut self, query: Query) -> impl Future<Output = Answer>;
 
     /// [`ask`](Self::ask), doing `work` meanwhile where the shards answer on

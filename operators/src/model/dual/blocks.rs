@@ -30,7 +30,9 @@ pub fn route(id: i64) -> u64 {
 /// Which share of the memory a shard works on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Partition {
+    /// This shard's place among the peers.
     pub index: usize,
+    /// How many shards share the memory.
     pub peers: usize,
 }
 
@@ -38,6 +40,7 @@ impl Partition {
     /// Everything: the model-only learner's single shard.
     pub const WHOLE: Partition = Partition { index: 0, peers: 1 };
 
+    /// Whether the record with `id` is this shard's.
     pub fn owns(&self, id: i64) -> bool {
         Partition::owner(route(id), self.peers) == self.index
     }
@@ -51,6 +54,7 @@ impl Partition {
 
 /// A partial sum that adds another of its kind.
 pub trait Summand {
+    /// Adds `other` to this sum.
     fn add(&mut self, other: &Self);
 }
 
@@ -85,6 +89,7 @@ impl Span {
 }
 
 impl<T: Summand> BlockSums<T> {
+    /// The sum of one block.
     pub fn one(block: u64, sum: T) -> Self {
         BlockSums(vec![(Span { first: block, len: 1 }, sum)])
     }
@@ -153,12 +158,15 @@ fn tree_sum<T: Summand>(pieces: &mut BTreeMap<Span, T>, span: Span) -> Option<T>
 pub struct Blocks(u64);
 
 impl Blocks {
+    /// Every block.
     pub const ALL: Blocks = Blocks((1 << BLOCKS) - 1);
 
+    /// Whether `block` is in the set.
     pub fn contains(self, block: u64) -> bool {
         self.0 >> block & 1 == 1
     }
 
+    /// The blocks not in the set.
     pub fn complement(self) -> Blocks {
         Blocks(Blocks::ALL.0 & !self.0)
     }

@@ -11,11 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
 use crate::model::dual::objective::expected_log_message;
-use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::ControlVariate;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::linalg::weighted_gram;
+use crate::model::posterior::{Cross, DualPosterior, Sites};
 
 /// `β̂` is clipped from below so that every site stays a valid precision.
 pub const BETA_MIN: f64 = 1e-8;
@@ -32,7 +32,9 @@ const SITE_STEP_LIMIT_MAX: f64 = 4096.0;
 /// standard deviations (see [`site_precision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StepSize {
+    /// The damping `ρ`.
     pub rho: f64,
+    /// The trust radius, in marginal standard deviations.
     pub radius: f64,
 }
 
@@ -82,6 +84,7 @@ pub fn site_precision(
     beta.max(alpha.abs() / room).max(BETA_MIN)
 }
 
+/// How many damped site updates an E-step takes, and how damped.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EStepConfig {
     /// Fixed-point iterations.
@@ -97,6 +100,7 @@ impl Default for EStepConfig {
 }
 
 impl EStepConfig {
+    /// Refuses a damping outside `(0, 1]`.
     pub fn validate(&self) -> Result<()> {
         if !(self.rho > 0.0 && self.rho <= 1.0) {
             return Err(ModelError::Config(format!(
@@ -111,8 +115,11 @@ impl EStepConfig {
 /// Points from row `from` on are memory points counted as a control variate
 /// (see [`ControlVariate`]) with their first sites `first` (rows from `from`).
 pub struct Anchored<'a> {
+    /// The first memory point's row.
     pub from: usize,
+    /// How the memory points stand for past data.
     pub control: ControlVariate,
+    /// The memory points' first sites, from row `from` on.
     pub first: &'a PointSites,
 }
 
@@ -139,7 +146,9 @@ impl Anchored<'_> {
 /// Damped sites of a set of points: `n × L` each.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PointSites {
+    /// Each point's first natural parameter `λ1` per latent.
     pub s1: DMatrix<f64>,
+    /// Each point's site precision per latent.
     pub s2: DMatrix<f64>,
 }
 
@@ -152,6 +161,7 @@ impl PointSites {
         }
     }
 
+    /// The number of points.
     pub fn n(&self) -> usize {
         self.s1.nrows()
     }
@@ -322,6 +332,7 @@ pub struct Backtracking<S> {
 }
 
 impl<S> Backtracking<S> {
+    /// A search that starts at damping `rho` and never exceeds it.
     pub fn new(rho: f64) -> Self {
         Backtracking {
             step: StepSize::first(rho),

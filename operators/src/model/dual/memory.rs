@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::data::Data;
 use crate::model::dual::estep::{PointSites, BETA_MIN};
 use crate::model::dual::point::PointId;
-use crate::model::dual::posterior::{DualPosterior, Sites};
 use crate::model::likelihood::{Expectation, Likelihood};
+use crate::model::posterior::{DualPosterior, Sites};
 
 /// Which points of a batch enter the memory, and which leave it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -21,23 +21,33 @@ pub enum MemoryPolicy {
     /// `None`) or, once the memory holds `capacity`, competing with the old
     /// points on their reservoir keys.
     PerBatch {
+        /// Points chosen from each batch.
         k: usize,
+        /// The most the memory holds (`None`: no bound).
         #[serde(default)]
         capacity: Option<usize>,
     },
     /// At most `capacity` points over the whole stream: BLS-weighted reservoir sampling.
-    Reservoir { capacity: usize },
+    Reservoir {
+        /// The most the memory holds.
+        capacity: usize,
+    },
     /// `k` points per batch uniformly at random (the paper's ablation), kept
     /// forever or up to `capacity` as for [`PerBatch`](Self::PerBatch): the
     /// memory stays a uniform sample of the past when batches are of one size.
     Random {
+        /// Points drawn from each batch.
         k: usize,
+        /// The most the memory holds (`None`: no bound).
         #[serde(default)]
         capacity: Option<usize>,
     },
     /// At most `capacity` points over the whole stream, every point seen
     /// equally likely to stay: the reservoir's ablation, BLS left out.
-    RandomReservoir { capacity: usize },
+    RandomReservoir {
+        /// The most the memory holds.
+        capacity: usize,
+    },
     /// No memory.
     None,
 }
@@ -45,15 +55,20 @@ pub enum MemoryPolicy {
 /// One remembered point and its contribution `(k s1, s2 k kᵀ)` per latent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryPoint {
+    /// The record's identity.
     pub id: PointId,
+    /// Its inputs.
     pub x: Vec<f64>,
+    /// Its label.
     pub y: f64,
     /// The output it observes (0 for a single-output model).
     #[serde(default)]
     pub output: usize,
     /// The kernel column `k(Z, x)` its sites were added with, projected by every move of `Z` since.
     pub column: DVector<f64>,
+    /// Its site's first natural parameter, per latent.
     pub s1: Vec<f64>,
+    /// Its site's precision, per latent.
     pub s2: Vec<f64>,
     /// Reservoir key `ln(u)/h`: larger keys stay.
     pub key: f64,
@@ -68,10 +83,13 @@ pub struct MemoryPoint {
 /// A memory point's sites from the update that first learned it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstSites {
+    /// The first natural parameter, per latent.
     pub s1: Vec<f64>,
+    /// The precision, per latent.
     pub s2: Vec<f64>,
 }
 
+/// The remembered points the learner revisits at every update.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
     /// In id order.
@@ -84,10 +102,12 @@ impl Memory {
         Memory { points }
     }
 
+    /// The number of points.
     pub fn len(&self) -> usize {
         self.points.len()
     }
 
+    /// Whether there are no points.
     pub fn is_empty(&self) -> bool {
         self.points.is_empty()
     }

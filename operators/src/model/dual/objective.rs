@@ -10,16 +10,18 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::data::Data;
-use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::kernel::{Kernel, Rows};
 use crate::model::math::linalg::{gram_of_scaled, solve_lower_transposed_matrix_in_place};
+use crate::model::posterior::{Cross, DualPosterior, Sites};
 
 /// `F(θ)` and `∂F/∂ log θ`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Objective {
+    /// `F(θ)`.
     pub value: f64,
+    /// `∂F/∂ log θ`: the kernel's log-parameters, then the likelihood's.
     pub grad: DVector<f64>,
     /// `∂F/∂Z`, `m × d`, for moving the inducing inputs with the sites held;
     /// `None` where it was not asked for.
@@ -122,6 +124,7 @@ pub struct DataTerms {
     pub value: f64,
     /// Through `K(Z, X)` and `k(x_i, x_i)`, in the kernel's log-parameters.
     pub kernel_grad: DVector<f64>,
+    /// In the likelihood's log-parameters.
     pub likelihood_grad: DVector<f64>,
     /// Through `K(Z, X)`, `m × d`: an `m·n·d` product, computed only where
     /// asked for (learners that place `Z` otherwise skip it).

@@ -7,9 +7,9 @@
 
 use nalgebra::{DMatrix, DVector};
 
-use crate::model::dual::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
 use crate::model::math::kernel::Rows;
 use crate::model::math::linalg::{solve_lower_transposed_matrix_in_place, symmetrize};
+use crate::model::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
 /// Cholesky factor `L₀` of the `K₀` it was formed under (`η̃₁ = L₀ᵀη₁ =
@@ -170,6 +170,7 @@ pub struct Seen {
 /// [`PastMessage::conditional_term`]: its value and gradients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConditionalTerm {
+    /// The term.
     pub value: f64,
     /// In the kernel's log-parameters.
     pub grad: DVector<f64>,

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 /// Within a batch, records are ordered by id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PointId {
+    /// The batch it came in.
     pub batch: u64,
+    /// The record's id.
     pub id: i64,
 }
 

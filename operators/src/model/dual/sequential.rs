@@ -19,17 +19,18 @@ use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryP
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::{ConditionalTerm, PastMessage, Seen};
 use crate::model::dual::point::PointId;
-use crate::model::dual::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
 use crate::model::dual::shard::{Answer, Partition, Query, Shard};
 use crate::model::dual::share::{estimated_share, ControlVariate, MemoryShare};
 use crate::model::dual::snapshot::Snapshot;
-use crate::model::error::{ModelError, Result};
+use crate::model::error::{check_inducing, ModelError, Result};
 use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::inducing::{past_and_batch_weights, pivoted_cholesky, select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
 use crate::model::math::optim::{Adam, Curvature, Lbfgs, Optimizer};
+use crate::model::posterior::{keeping_message, keeping_totals, DualPosterior, Sites};
 
+/// Where the sequential learner's inducing inputs come from as batches arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InducingPolicy {
@@ -53,10 +54,12 @@ pub enum PastInMStep {
     Message,
 }
 
+/// How [`SequentialLearner`] learns: Algorithm 1's settings and what we added to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SequentialConfig {
     /// Number of inducing inputs `m`.
     pub inducing: usize,
+    /// Where the inducing inputs come from.
     pub inducing_policy: InducingPolicy,
     /// How pivoted Cholesky picks the inducing inputs (checkpoints before it: variance).
     #[serde(default)]
@@ -67,6 +70,7 @@ pub struct SequentialConfig {
     /// the policy's alone (the paper).
     #[serde(default)]
     pub learn_inducing: bool,
+    /// The E-steps over the batch and the memory.
     pub e_step: EStepConfig,
     /// Adam steps or L-BFGS iterations on the hyperparameters per round
     /// (0: hyperparameters fixed).
@@ -104,6 +108,7 @@ pub struct SequentialConfig {
     /// Off: their sites are held too (the paper).
     #[serde(default)]
     pub relearn_in_m_step: bool,
+    /// How the M-step stands for past data.
     #[serde(default)]
     pub past_in_m_step: PastInMStep,
     /// The M-step works on about this many points of the batch and the memory
@@ -111,7 +116,9 @@ pub struct SequentialConfig {
     /// message until it ends. None: on all of them.
     #[serde(default)]
     pub m_sample: Option<usize>,
+    /// The M-step's optimiser.
     pub optimizer: Optimizer,
+    /// Which points enter and leave the memory.
     pub memory: MemoryPolicy,
     /// The memory as a control variate for all past data (see
     /// [`ControlVariate`]). Off: a memory point's re-learned sites replace
@@ -122,6 +129,7 @@ pub struct SequentialConfig {
     /// Checkpoints from before it held each point for itself (the paper).
     #[serde(default = "own_share")]
     pub memory_share: MemoryShare,
+    /// The seed of every random choice (reservoir keys, M-step samples).
     pub seed: u64,
 }
 
@@ -151,12 +159,9 @@ impl Default for SequentialConfig {
 }
 
 impl SequentialConfig {
+    /// Refuses settings that cannot work (no inducing inputs, a bad step size, …).
     pub fn validate(&self) -> Result<()> {
-        if self.inducing == 0 {
-            return Err(ModelError::Config(
-                "the number of inducing inputs must be at least 1".into(),
-            ));
-        }
+        check_inducing(self.inducing)?;
         match self.optimizer {
             Optimizer::Adam { lr } if !(lr > 0.0 && lr.is_finite()) => {
                 return Err(ModelError::Config(format!(
@@ -224,13 +229,17 @@ fn tenth() -> f64 {
 /// What one update did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpdateReport {
+    /// Batches learned, this one included.
     pub batch: u64,
+    /// Records learned, this batch's included.
     pub n_seen: u64,
+    /// Points in the memory after the update.
     pub memory: usize,
     /// Whether the inducing inputs moved.
     pub moved_inducing: bool,
     /// Objective evaluations the M-step took.
     pub m_evaluations: usize,
+    /// Where the update's time went.
     pub seconds: StepSeconds,
 }
 
@@ -241,6 +250,7 @@ pub struct StepSeconds {
     pub inducing: f64,
     /// E-steps over batch and memory, including re-learning between M-step rounds.
     pub e_step: f64,
+    /// M-steps.
     pub m_step: f64,
     /// BLS and memory bookkeeping.
     pub memory: f64,
@@ -249,11 +259,14 @@ pub struct StepSeconds {
 /// A model that learns from batches in turn; serialisable as a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SequentialLearner {
+    /// How it learns.
     pub config: SequentialConfig,
+    /// The likelihood, with its current parameters.
     pub likelihood: Likelihood,
     /// The kernel until the first batch brings the inducing inputs.
     kernel: Kernel,
     posterior: Option<DualPosterior>,
+    /// The remembered points.
     pub memory: Memory,
     /// Records learned since the last M-step, held until the next (see
     /// [`SequentialConfig::m_every`]); their sites are in the totals.
@@ -267,7 +280,9 @@ pub struct SequentialLearner {
     /// The last L-BFGS M-step's curvature, where the next one starts.
     #[serde(default)]
     curvature: Curvature,
+    /// Records learned so far.
     pub n_seen: u64,
+    /// Batches learned so far.
     pub batches: u64,
     /// Threads this process's own updates answer their blocks on: a choice
     /// of the machine, not of the model, so a checkpoint does not keep it.
@@ -280,6 +295,7 @@ fn one_thread() -> usize {
 }
 
 impl SequentialLearner {
+    /// A learner at the prior, `kernel` and `likelihood` its starting hyperparameters.
     pub fn new(kernel: Kernel, likelihood: Likelihood, config: SequentialConfig) -> Result<Self> {
         config.validate()?;
         // Adam's moments persist across updates; under L-BFGS it stays unused.

@@ -24,11 +24,11 @@ use crate::model::dual::estep::{site_update, Anchored, PointSites, StepSize};
 use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
 use crate::model::dual::point::{point_uniform, PointId};
-use crate::model::dual::posterior::{Cross, DualPosterior, Sites};
 use crate::model::dual::share::{ControlVariate, Drift};
 use crate::model::dual::snapshot::Snapshot;
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::kernel::Kernel;
+use crate::model::posterior::{Cross, DualPosterior, Sites};
 
 /// What the learner asks of the shards, in the order of Algorithm 1.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,66 +40,115 @@ pub enum Query {
     /// points, learned by earlier updates since the last M-step, join the
     /// batch. Every block answers from here on.
     Begin {
+        /// The model to start under.
         model: Snapshot,
+        /// The memory points this shard owns.
         memory: Vec<MemoryPoint>,
+        /// Points learned since the last M-step.
         pending: Vec<MemoryPoint>,
     },
     /// Only these blocks answer until the next `Focus` or `Begin`.
-    Focus { blocks: Blocks },
+    Focus {
+        /// The blocks that answer.
+        blocks: Blocks,
+    },
     /// One damped E-step: the points' expected log-likelihood before it, and
     /// the change of their contribution to the totals.
-    EStep { model: Snapshot, step: StepSize },
+    EStep {
+        /// The model the step is taken under.
+        model: Snapshot,
+        /// Its damping and trust radius.
+        step: StepSize,
+    },
     /// Undo the last E-step and the one before it: back to the sites the
     /// step before last started from (see [`Backtracking`](crate::model::dual::estep::Backtracking)).
     Restore,
     /// The data terms of the M-step objective, memory terms weighted; `∂F/∂Z`
     /// only `with_z` (an M-step that moves the inducing inputs).
     Gradient {
+        /// The model at the M-step's current `θ`.
         model: Snapshot,
+        /// The memory terms' weight.
         memory_weight: f64,
+        /// Whether to compute `∂F/∂Z`.
         with_z: bool,
     },
     /// The points' contribution to the totals, with the columns their sites
     /// were added with, whitened under `model`.
-    Contribution { model: Snapshot },
+    Contribution {
+        /// The model whose columns whiten the contribution.
+        model: Snapshot,
+    },
     /// Kernel columns under `model` replace the old ones: the change of the contribution.
-    Recolumn { model: Snapshot },
+    Recolumn {
+        /// The model of the new columns.
+        model: Snapshot,
+    },
     /// Kernel columns under `model` replace the old ones and, with a
     /// conjugate likelihood, the sites become exact under it: the whole
     /// contribution (what [`Recolumn`](Query::Recolumn) then an E-step give,
     /// without whitening the old columns again).
-    Refit { model: Snapshot },
+    Refit {
+        /// The model of the new columns.
+        model: Snapshot,
+    },
     /// From now on the memory points stand for past data as `control`
     /// says: the change of the contribution.
-    CorrectForPast { model: Snapshot, control: ControlVariate },
+    CorrectForPast {
+        /// The current model.
+        model: Snapshot,
+        /// How the memory points stand for past data from now on.
+        control: ControlVariate,
+    },
     /// What the memory points show of their first sites' bias, per latent
     /// (see [`Drift`]).
-    Drift { model: Snapshot },
+    Drift {
+        /// The current model.
+        model: Snapshot,
+    },
     /// Reservoir keys of the batch's records, by BLS or uniform.
     Keys {
+        /// The model the leverage scores are under.
         model: Snapshot,
+        /// The seed of the reservoir's draws.
         seed: u64,
+        /// Keys by Bayesian leverage score, else uniform.
         by_leverage: bool,
     },
     /// With a control variate, the memory points in `leaving` (sorted) are
     /// about to leave keeping their first sites: what they hold in the totals beyond those.
-    Leave { leaving: Vec<PointId> },
+    Leave {
+        /// The points about to leave, sorted.
+        leaving: Vec<PointId>,
+    },
     /// The update is over: the memory this shard owns, with `keep` (sorted)
     /// from the batch added. `model` is the learned model, for scoring what comes next.
-    Finish { keep: Vec<PointId>, model: Snapshot },
+    Finish {
+        /// The batch's points that join the memory, sorted.
+        keep: Vec<PointId>,
+        /// The learned model.
+        model: Snapshot,
+    },
 }
 
 /// A shard's answer; answers of the same query merge into the whole.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Answer {
+    /// No answer (a block outside the focus, a query without one).
     Nothing,
     /// Ids and inputs of the batch's records, in id order.
     Arrivals(Vec<(PointId, Vec<f64>)>),
+    /// Contributions to the site totals, per latent.
     Totals(BlockSums<Vec<Sites>>),
+    /// An E-step's expectation and change of the totals.
     Step(BlockSums<SiteStep>),
+    /// The M-step objective's data terms.
     Terms(BlockSums<DataTerms>),
+    /// Reservoir keys of the batch's records.
     Keys(Vec<(PointId, f64)>),
+    /// The memory a shard keeps after the update.
     Memory(Vec<MemoryPoint>),
+    /// What the memory shows of its first sites' bias, per latent.
     Drift(BlockSums<Vec<Drift>>),
 }
 
@@ -147,7 +196,9 @@ impl Summand for Vec<Sites> {
 /// [`site_update`]), and the change of their contribution to the totals.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SiteStep {
+    /// `Σ_i E_q[log p(y_i|f_i)]` before the step (`None`: conjugate).
     pub expected: Option<f64>,
+    /// The change of the points' contribution, per latent.
     pub change: Vec<Sites>,
 }
 
@@ -218,6 +269,7 @@ impl Shard {
         self
     }
 
+    /// This shard's answer to `query`, its state moved on.
     pub fn answer(&mut self, mut query: Query) -> Answer {
         if let Some(model) = query.model_mut() {
             // A snapshot that came through serialisation lacks its cached factors.
@@ -750,8 +802,8 @@ fn contribution(sites: &PointSites, n_batch: usize, control: ControlVariate, fir
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::dual::posterior::DualPosterior;
     use crate::model::math::kernel::Family;
+    use crate::model::posterior::DualPosterior;
 
     /// A Gaussian gradient right after a refit takes the refit's sums as its
     /// gram: the same bits as making it again, also for memory points that

@@ -53,6 +53,7 @@ impl MemoryShare {
     /// The paper's memory: every memory point stands for itself.
     pub const OWN: MemoryShare = MemoryShare::Fixed(0.0);
 
+    /// Whether a fixed share is in `[0, 1]`.
     pub fn is_valid(&self) -> bool {
         match *self {
             MemoryShare::Fixed(g) => (0.0..=1.0).contains(&g),
@@ -77,7 +78,9 @@ impl MemoryShare {
 ///   `w` times, `w S_j`, the memory's part of a [`MemoryShare`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ControlVariate {
+    /// The weight `w`.
     pub weight: f64,
+    /// Whether the point counts as a sample rather than a control variate.
     #[serde(default)]
     pub sample: bool,
 }
@@ -107,10 +110,12 @@ pub struct Drift {
     pub pull: DVector<f64>,
     /// `Σ |α̂_j a_j|²`.
     pub pull_sq: f64,
+    /// The memory points summed.
     pub points: f64,
 }
 
 impl Drift {
+    /// The sums over no points, for `m` inducing inputs.
     pub fn zeros(m: usize) -> Self {
         Drift {
             bias: DVector::zeros(m),
@@ -132,6 +137,7 @@ impl Drift {
         self.points += 1.0;
     }
 
+    /// Adds another share's sums.
     pub fn add(&mut self, other: &Drift) {
         self.bias += &other.bias;
         self.bias_sq += other.bias_sq;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
-use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::Result;
 use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::posterior::DualPosterior;
 use crate::model::predict::predict;
 
 /// Cheap to clone: every question of an update carries the model, and the
@@ -20,7 +20,9 @@ pub struct Snapshot(Arc<Parts>);
 /// What a [`Snapshot`] holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Parts {
+    /// The posterior, its factors made.
     pub posterior: DualPosterior,
+    /// The likelihood.
     pub likelihood: Likelihood,
 }
 

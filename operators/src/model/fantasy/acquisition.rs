@@ -5,10 +5,10 @@
 use nalgebra::DVector;
 
 use super::PointMarginals;
-use crate::model::dual::posterior::Marginals;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::{Likelihood, Predictive};
 use crate::model::math::special::ndtr;
+use crate::model::posterior::Marginals;
 
 /// `model` indexes the models handed to [`propose_batch`](super::propose_batch).
 #[derive(Debug, Clone, PartialEq)]
@@ -17,17 +17,33 @@ pub enum Acquisition {
     /// with `maximize`); the incumbent moves to a fantasy's label when that is
     /// better (the "kriging believer").
     ExpectedImprovement {
+        /// The model of `f`.
         model: usize,
+        /// The best value so far.
         incumbent: f64,
+        /// Whether larger values are better.
         maximize: bool,
     },
     /// `−μ + κσ` (with `maximize`, `μ + κσ`).
-    UpperConfidenceBound { model: usize, kappa: f64, maximize: bool },
+    UpperConfidenceBound {
+        /// The model of `f`.
+        model: usize,
+        /// How much the standard deviation counts against the mean.
+        kappa: f64,
+        /// Whether larger values are better.
+        maximize: bool,
+    },
     /// The entropy of the predictive distribution of `y` (for moments, of a
     /// Gaussian with the predictive variance).
-    Entropy { model: usize },
+    Entropy {
+        /// The model whose predictive it is.
+        model: usize,
+    },
     /// `p(y = 1)` of a Bernoulli model: the probability that `x` is feasible.
-    Feasibility { model: usize },
+    Feasibility {
+        /// The Bernoulli model.
+        model: usize,
+    },
     /// The product of the factors (expected improvement × feasibility, ...).
     Product(Vec<Acquisition>),
 }

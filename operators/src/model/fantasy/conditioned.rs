@@ -18,10 +18,10 @@
 use nalgebra::{DMatrix, DVector};
 
 use super::{PointMarginals, Site, Surrogate};
-use crate::model::dual::posterior::{DualPosterior, Marginals};
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::linalg::{column_sq_norms, solve_lower_matrix_in_place};
+use crate::model::posterior::{DualPosterior, Marginals};
 
 /// A site added at a point, by its whitened kernel column (over the `Z` of
 /// that moment: the coordinates added later do not see it).

@@ -6,12 +6,14 @@
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 
 use super::{PointMarginals, Site, Surrogate};
-use crate::model::dual::posterior::Marginals;
 use crate::model::error::{ModelError, Result};
 use crate::model::likelihood::Likelihood;
 use crate::model::math::kernel::Kernel;
 use crate::model::math::linalg::{cholesky_jittered, column_sq_norms, solve_lower_in_place};
+use crate::model::posterior::Marginals;
 
+/// A GP regression on all its data, conditioned exactly (`O(n³)`): the
+/// oracle the sparse surrogates are tested against.
 #[derive(Debug, Clone)]
 pub struct ExactGp {
     kernel: Kernel,

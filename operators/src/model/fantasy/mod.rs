@@ -20,9 +20,9 @@ pub mod site;
 
 use nalgebra::{DMatrix, DVector};
 
-use crate::model::dual::posterior::Marginals;
 use crate::model::error::Result;
 use crate::model::likelihood::Likelihood;
+use crate::model::posterior::Marginals;
 
 pub use acquisition::Acquisition;
 pub use conditioned::Conditioned;
@@ -33,17 +33,20 @@ pub use site::{fantasy_site, Fantasy, Site};
 /// The latent marginals at one point and their gradients in the point.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PointMarginals {
-    /// Per latent `μ_c(x)` and `v_c(x)`.
+    /// Per latent `μ_c(x)`.
     pub mean: Vec<f64>,
+    /// Per latent `v_c(x)`.
     pub var: Vec<f64>,
-    /// Per latent `∂μ_c/∂x` and `∂v_c/∂x`.
+    /// Per latent `∂μ_c/∂x`.
     pub d_mean: Vec<DVector<f64>>,
+    /// Per latent `∂v_c/∂x`.
     pub d_var: Vec<DVector<f64>>,
 }
 
 /// A model Algorithm 2 can fantasise with: it predicts its latent functions,
 /// with gradients in the input, and takes a site at a new point.
 pub trait Surrogate {
+    /// The likelihood of its observations.
     fn likelihood(&self) -> &Likelihood;
 
     /// Input dimension.

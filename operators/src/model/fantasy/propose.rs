@@ -15,10 +15,15 @@ pub enum Search {
     /// scrambled by the seed (else uniform draws), the best `starts` of them
     /// refined by `steps` of projected gradient ascent.
     Box {
+        /// `(lo_j, hi_j)` per input.
         bounds: Vec<(f64, f64)>,
+        /// Candidate points scored before the ascent.
         candidates: usize,
+        /// Sobol points rather than uniform draws.
         sobol: bool,
+        /// The best candidates refined.
         starts: usize,
+        /// Projected gradient steps per start.
         steps: usize,
     },
     /// A finite pool of points, one a row: a batch never takes a row twice.
@@ -102,8 +107,11 @@ impl Search {
 /// A chosen point, its acquisition value when chosen, and its pool row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
+    /// The point.
     pub x: Vec<f64>,
+    /// The acquisition value there when it was chosen.
     pub acquisition: f64,
+    /// Its row of the pool (`None` for a box).
     pub row: Option<usize>,
 }
 

@@ -23,7 +23,9 @@ pub enum Fantasy {
 /// A fantasy site per latent: `λ1 = α̂ + β̂μ` and the precision `β̂ ≥ 0`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Site {
+    /// `λ1 = α̂ + β̂μ` per latent.
     pub lambda1: Vec<f64>,
+    /// The precision `β̂` per latent.
     pub beta: Vec<f64>,
 }
 

@@ -22,31 +22,47 @@ use crate::model::multi::MultiOutput;
 use softmax::Softmax;
 use student_t::StudentT;
 
+/// How a Bernoulli likelihood maps the latent `f` to `p(y = 1)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Link {
+    /// `Φ(f)`, the standard normal CDF: expectations in closed form.
     Probit,
+    /// `1 / (1 + e^{−f})`.
     Logit,
 }
 
+/// The observation model `p(y | f)`: how a label depends on the latent
+/// function(s) at its inputs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Likelihood {
+    /// Real labels with Gaussian noise.
     Gaussian {
+        /// The noise variance.
         variance: f64,
     },
+    /// Labels 0 or 1.
     Bernoulli {
+        /// How `f` becomes a probability.
         link: Link,
     },
+    /// Counts, `y ~ Poisson(e^f)`.
     Poisson,
+    /// Real labels with heavy-tailed Student-t noise, robust to outliers.
     StudentT {
+        /// Degrees of freedom.
         df: f64,
+        /// The noise scale.
         scale: f64,
     },
     /// C classes over C latents; expectations by a fixed seeded Monte Carlo sample.
     Softmax {
+        /// The number of classes C.
         classes: usize,
+        /// Monte Carlo draws per expectation (antithetic pairs).
         samples: usize,
+        /// The seed of the draws, fixed so that expectations are deterministic.
         seed: u64,
     },
     /// Several outputs over shared latents (see [`MultiOutput`]); a record
@@ -57,6 +73,7 @@ pub enum Likelihood {
 /// `E_q[log p(y|f)]` and its derivatives at one point.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Expectation {
+    /// `E_q[log p(y|f)]`.
     pub value: f64,
     /// `∂E/∂μ_c` per latent (this is α̂).
     pub d_mean: Vec<f64>,
@@ -77,7 +94,12 @@ pub struct Expectation {
 #[serde(rename_all = "kebab-case")]
 pub enum Predictive {
     /// Mean and variance of `y` (Gaussian: including the noise; Poisson: of the count).
-    Moments { mean: f64, var: f64 },
+    Moments {
+        /// The mean of `y`.
+        mean: f64,
+        /// The variance of `y`.
+        var: f64,
+    },
     /// Class probabilities (Bernoulli: `[p0, p1]`).
     Classes(Vec<f64>),
 }
@@ -144,6 +166,7 @@ impl Likelihood {
         }
     }
 
+    /// The number of learnable parameters ([`log_params`](Self::log_params)' length).
     pub fn n_params(&self) -> usize {
         match self {
             Likelihood::Gaussian { .. } => 1,
@@ -165,6 +188,7 @@ impl Likelihood {
         }
     }
 
+    /// Sets the parameters from the coordinates [`log_params`](Self::log_params) gives.
     pub fn set_log_params(&mut self, p: &[f64]) {
         assert_eq!(p.len(), self.n_params(), "wrong number of likelihood parameters");
         match self {
@@ -178,6 +202,7 @@ impl Likelihood {
         }
     }
 
+    /// The parameters' names, in the order of [`log_params`](Self::log_params).
     pub fn param_names(&self) -> Vec<String> {
         match self {
             Likelihood::Gaussian { .. } => vec!["gaussian.variance".into()],
@@ -383,6 +408,7 @@ impl Likelihood {
         }
     }
 
+    /// The predictive distribution of `y` given the latents' marginals `N(mean_c, var_c)`.
     pub fn predict(&self, mean: &[f64], var: &[f64]) -> Predictive {
         let (m, v) = (mean[0], var[0]);
         match *self {

@@ -12,22 +12,11 @@
 //! The loadings are parameters as they are, not logs: they take either sign.
 
 use nalgebra::{DMatrix, DVector};
-use serde::{Deserialize, Serialize};
 
 use crate::model::error::Result;
 use crate::model::math::kernel::{concat, config, join, Kernel, Profile, Rows};
-
-/// The size of every starting loading but the one tying each output to its own
-/// latent (see [`Kernel::coregional`]).
-pub const CROSS_LOADING: f64 = 0.1;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Coregional {
-    /// One kernel per latent function u_q, over every input column but the last.
-    pub latents: Vec<Kernel>,
-    /// Q × D loadings a_{q,d}: output d is f_d = Σ_q a_{q,d} u_q.
-    pub mixing: DMatrix<f64>,
-}
+// Defined beside `Kernel`, which holds it and which it holds; its mathematics is here.
+pub use crate::model::math::kernel::{Coregional, CROSS_LOADING};
 
 /// What a row's index column makes it a point of.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -565,43 +554,44 @@ mod tests {
 
     /// The matrix and gradients from the latents' kept profiles are those
     /// made afresh, to the bit (the M-step's shards reuse the profiles).
-    #[test]
-    fn kept_profiles_give_the_same_bits() {
-        let mut rng = ChaCha8Rng::seed_from_u64(27);
+    /// Calls `check` with each case's kernel, rows `A` (11) and `B` (8) and a
+    /// `dL/dK(A, B)`, drawn in that order from `seed`.
+    fn each_case_with_rows(seed: u64, mut check: impl FnMut(&Kernel, &DMatrix<f64>, &DMatrix<f64>, &DMatrix<f64>)) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
         for (kernel, q, d) in cases(&mut rng) {
             let a = mixed_rows(&mut rng, 11, q, d);
             let b = mixed_rows(&mut rng, 8, q, d);
             let g = DMatrix::from_fn(a.nrows(), b.nrows(), |_, _| rng.random_range(-1.0..1.0));
-            let (k, profile) = kernel.matrix_with_profile(&a, &b);
-            assert_eq!(k, kernel.matrix(&a, &b), "{kernel:?}");
-            for rows in [Rows::Neither, Rows::OfA, Rows::OfB] {
-                let kept = kernel.grads_from(&a, &b, &g, rows, profile.as_ref());
-                assert_eq!(kept, kernel.grads(&a, &b, &g, rows), "{kernel:?} {rows:?}");
-            }
+            check(&kernel, &a, &b, &g);
         }
     }
 
     #[test]
+    fn kept_profiles_give_the_same_bits() {
+        each_case_with_rows(27, |kernel, a, b, g| {
+            let (k, profile) = kernel.matrix_with_profile(a, b);
+            assert_eq!(k, kernel.matrix(a, b), "{kernel:?}");
+            for rows in [Rows::Neither, Rows::OfA, Rows::OfB] {
+                let kept = kernel.grads_from(a, b, g, rows, profile.as_ref());
+                assert_eq!(kept, kernel.grads(a, b, g, rows), "{kernel:?} {rows:?}");
+            }
+        });
+    }
+
+    #[test]
     fn input_gradient_matches_finite_differences() {
-        let mut rng = ChaCha8Rng::seed_from_u64(25);
-        for (kernel, q, d) in cases(&mut rng) {
-            let a = mixed_rows(&mut rng, 11, q, d);
-            let b = mixed_rows(&mut rng, 8, q, d);
-            let g = DMatrix::from_fn(a.nrows(), b.nrows(), |_, _| rng.random_range(-1.0..1.0));
+        each_case_with_rows(25, |kernel, a, b, g| {
             for rows in [Rows::OfA, Rows::OfB] {
-                let (_, input) = kernel.grads(&a, &b, &g, rows);
+                let (_, input) = kernel.grads(a, b, g, rows);
                 let input = input.expect("asked for");
                 assert!(
                     input.column(2).iter().all(|&v| v == 0.0),
                     "{kernel:?} {rows:?}: index column"
                 );
-                assert_input_grad(&kernel, (&a, &b, &g), rows, &input, 2);
+                assert_input_grad(kernel, (a, b, g), rows, &input, 2);
             }
-            assert_eq!(
-                kernel.input_grad(&a, &b, &g),
-                kernel.grads(&a, &b, &g, Rows::OfA).1.unwrap()
-            );
-        }
+            assert_eq!(kernel.input_grad(a, b, g), kernel.grads(a, b, g, Rows::OfA).1.unwrap());
+        });
     }
 
     #[test]

@@ -9,7 +9,6 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
-pub use crate::model::math::coregional::{Coregional, CROSS_LOADING};
 use crate::model::math::exp::exp_nonpositive_in_place;
 use crate::model::math::linalg::transposed;
 
@@ -17,10 +16,14 @@ use crate::model::math::linalg::transposed;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
+    /// `exp(−r²/2)`: infinitely smooth functions.
     #[serde(alias = "se", alias = "rbf")]
     SquaredExponential,
+    /// Matérn ν = 1/2, `exp(−r)`: continuous, nowhere differentiable functions.
     Matern12,
+    /// Matérn ν = 3/2: once differentiable functions.
     Matern32,
+    /// Matérn ν = 5/2: twice differentiable functions.
     Matern52,
 }
 
@@ -28,36 +31,62 @@ pub enum Family {
 /// by all inputs, `d` of them is ARD.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stationary {
+    /// The radial profile `f`.
     pub family: Family,
+    /// The prior variance `k(x, x)`.
     pub variance: f64,
+    /// One shared lengthscale, or one per input (ARD).
     pub lengthscales: Vec<f64>,
 }
 
+/// A covariance function over inputs: what the GP's prior says about how
+/// outputs vary together; its hyperparameters are learned in log space.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernel {
+    /// A function of the scaled distance between inputs.
     Stationary(Stationary),
     /// `k(a, b) = variance` for all inputs: a bias term.
     Constant {
+        /// The constant.
         variance: f64,
     },
     /// `k(a, b) = variance · aᵀb`: Bayesian linear regression on the inputs,
     /// the limit a stationary kernel reaches only as its variance and
     /// lengthscale run off together.
     Linear {
+        /// The prior variance of each weight.
         variance: f64,
     },
+    /// The sum of the parts' covariances: independent effects added.
     Sum(Vec<Kernel>),
+    /// The product of the parts' covariances: effects that interact.
     Product(Vec<Kernel>),
     /// Several outputs as loadings on latent kernels; the last input column
     /// is an output (or latent) index.
     Coregional(Coregional),
 }
 
+/// The size of every starting loading but the one tying each output to its own
+/// latent (see [`Kernel::coregional`]).
+pub const CROSS_LOADING: f64 = 0.1;
+
+/// The linear model of coregionalisation (its mathematics in
+/// [`coregional`](super::coregional)). Defined here because it and `Kernel`
+/// hold each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Coregional {
+    /// One kernel per latent function u_q, over every input column but the last.
+    pub latents: Vec<Kernel>,
+    /// Q × D loadings a_{q,d}: output d is f_d = Σ_q a_{q,d} u_q.
+    pub mixing: DMatrix<f64>,
+}
+
 /// What a kernel's gradient needs again of `K(A, B)`, kept beside the kernel
 /// columns an M-step reuses.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Profile {
+    /// A stationary kernel's.
     Radial(Radial),
     /// A coregional kernel's: each latent's, in latent order.
     Latents(Vec<Option<Profile>>),
@@ -76,8 +105,11 @@ pub struct Radial {
 /// (see [`Kernel::grads`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rows {
+    /// No input gradient: the log-parameters' only.
     Neither,
+    /// The gradient in `A`'s rows.
     OfA,
+    /// The gradient in `B`'s rows.
     OfB,
 }
 
@@ -93,6 +125,7 @@ impl Rows {
 }
 
 impl Kernel {
+    /// A stationary kernel: one lengthscale shared by every input, or one each (ARD).
     pub fn stationary(family: Family, variance: f64, lengthscales: Vec<f64>) -> Self {
         Kernel::Stationary(Stationary {
             family,

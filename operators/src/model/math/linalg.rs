@@ -43,23 +43,23 @@ pub fn cholesky_jittered(a: &DMatrix<f64>, jitter: f64, what: &str) -> Result<(C
 /// `L⁻¹ B` for a lower-triangular Cholesky factor `L`, in place.
 pub fn solve_lower_in_place(chol: &Cholesky<f64, Dyn>, b: &mut DMatrix<f64>) {
     // l_dirty's upper triangle is garbage, but the solves read only the lower one.
-    solve_lower_blocked(chol.l_dirty().as_view(), b.as_view_mut());
+    solve_blocked(chol.l_dirty().as_view(), b.as_view_mut(), false);
 }
 
 /// `L⁻¹ B` for a lower-triangular `L` held as a matrix (a factor grown by
 /// hand, not a `Cholesky`), in place.
 pub fn solve_lower_matrix_in_place(l: &DMatrix<f64>, b: &mut DMatrix<f64>) {
-    solve_lower_blocked(l.as_view(), b.as_view_mut());
+    solve_blocked(l.as_view(), b.as_view_mut(), false);
 }
 
 /// `L⁻ᵀ B` for a Cholesky factor `L`, in place.
 pub fn solve_lower_transposed_in_place(chol: &Cholesky<f64, Dyn>, b: &mut DMatrix<f64>) {
-    solve_lower_transposed_blocked(chol.l_dirty().as_view(), b.as_view_mut());
+    solve_blocked(chol.l_dirty().as_view(), b.as_view_mut(), true);
 }
 
 /// `L⁻ᵀ B` for a lower-triangular `L` held as a matrix, in place.
 pub fn solve_lower_transposed_matrix_in_place(l: &DMatrix<f64>, b: &mut DMatrix<f64>) {
-    solve_lower_transposed_blocked(l.as_view(), b.as_view_mut());
+    solve_blocked(l.as_view(), b.as_view_mut(), true);
 }
 
 /// `A⁻¹ = L⁻ᵀL⁻¹` from a Cholesky factor of `A`, by blocked solves.
@@ -75,37 +75,32 @@ pub fn cholesky_inverse(chol: &Cholesky<f64, Dyn>) -> DMatrix<f64> {
 /// Below this order the triangular solves substitute row by row.
 const SOLVE_BLOCK: usize = 16;
 
-/// `L⁻¹ B` by halves: solve the top rows, subtract their effect on the bottom
-/// rows with one matrix product, solve the bottom rows. Column-by-column
-/// substitution streams `L` through memory once per right-hand side; here all
-/// but the small diagonal blocks' flops are a GEMM.
-fn solve_lower_blocked(l: DMatrixView<'_, f64>, mut b: DMatrixViewMut<'_, f64>) {
+/// `L⁻¹ B` (or `L⁻ᵀ B`, `transposed`) by halves: solve the top rows,
+/// subtract their effect on the bottom rows with one matrix product, solve
+/// the bottom rows; for `Lᵀ`, upper triangular, the bottom rows first.
+/// Column-by-column substitution streams `L` through memory once per
+/// right-hand side; here all but the small diagonal blocks' flops are a GEMM.
+fn solve_blocked(l: DMatrixView<'_, f64>, mut b: DMatrixViewMut<'_, f64>, transposed: bool) {
     let m = l.nrows();
     if m <= SOLVE_BLOCK {
-        substitute(&Leaf::new(l, false), b);
+        substitute(&Leaf::new(l, transposed), b);
         return;
     }
     let half = m / 2;
+    let (first, last) = (l.view((0, 0), (half, half)), l.view((half, half), (m - half, m - half)));
+    let below = l.view((half, 0), (m - half, half));
     let (mut top, mut bottom) = b.rows_range_pair_mut(0..half, half..m);
-    solve_lower_blocked(l.view((0, 0), (half, half)), top.as_view_mut());
-    bottom.gemm(-1.0, &l.view((half, 0), (m - half, half)), &top, 1.0);
-    solve_lower_blocked(l.view((half, half), (m - half, m - half)), bottom);
-}
-
-/// `L⁻ᵀ B` by halves, bottom rows first (`Lᵀ` is upper triangular).
-fn solve_lower_transposed_blocked(l: DMatrixView<'_, f64>, mut b: DMatrixViewMut<'_, f64>) {
-    let m = l.nrows();
-    if m <= SOLVE_BLOCK {
-        substitute(&Leaf::new(l, true), b);
-        return;
+    if transposed {
+        solve_blocked(last, bottom.as_view_mut(), true);
+        // nalgebra's gemm_tr takes a dot product per entry; a transposed copy of
+        // the block goes through the matrix product instead.
+        top.gemm(-1.0, &below.transpose(), &bottom, 1.0);
+        solve_blocked(first, top, true);
+    } else {
+        solve_blocked(first, top.as_view_mut(), false);
+        bottom.gemm(-1.0, &below, &top, 1.0);
+        solve_blocked(last, bottom, false);
     }
-    let half = m / 2;
-    let (mut top, mut bottom) = b.rows_range_pair_mut(0..half, half..m);
-    solve_lower_transposed_blocked(l.view((half, half), (m - half, m - half)), bottom.as_view_mut());
-    // nalgebra's gemm_tr takes a dot product per entry; a transposed copy of
-    // the block goes through the matrix product instead.
-    top.gemm(-1.0, &l.view((half, 0), (m - half, half)).transpose(), &bottom, 1.0);
-    solve_lower_transposed_blocked(l.view((0, 0), (half, half)), top);
 }
 
 /// A diagonal block of at most [`SOLVE_BLOCK`] rows as the system `T x = b`,

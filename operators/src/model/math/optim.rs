@@ -9,9 +9,13 @@ use crate::model::error::Result;
 /// across calls so that a stream of M-steps behaves as one long run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Adam {
+    /// The step size.
     pub lr: f64,
+    /// The decay of the first moment.
     pub beta1: f64,
+    /// The decay of the second moment.
     pub beta2: f64,
+    /// Added to the second moment's root, against division by zero.
     pub eps: f64,
     m: DVector<f64>,
     v: DVector<f64>,
@@ -19,6 +23,7 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// Adam with step size `lr` and the usual β₁ = 0.9, β₂ = 0.999, ε = 1e-8.
     pub fn new(lr: f64) -> Self {
         Adam {
             lr,
@@ -53,11 +58,14 @@ impl Adam {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Optimizer {
+    /// Adam, `lr` its step size; a fixed number of steps a call.
     Adam {
+        /// The step size.
         lr: f64,
     },
     /// `history` curvature pairs; each call runs to convergence or its iteration budget.
     Lbfgs {
+        /// Curvature pairs kept.
         history: usize,
     },
 }
@@ -142,6 +150,7 @@ struct Trial {
 const MAX_HALVINGS: usize = 30;
 
 impl Lbfgs {
+    /// A search from `x0` of at most `max_iter` iterations, keeping `history` pairs (at least one).
     pub fn new(x0: DVector<f64>, max_iter: usize, history: usize) -> Self {
         Lbfgs {
             max_iter,

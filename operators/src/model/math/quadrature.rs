@@ -50,10 +50,12 @@ impl GaussHermite {
         Self { nodes, weights }
     }
 
+    /// The number of nodes.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
 
+    /// Whether there are no nodes.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
@@ -154,6 +156,7 @@ impl Default for LogSumExp {
 }
 
 impl LogSumExp {
+    /// Adds the term `exp(a)` to the sum.
     pub fn add(&mut self, a: f64) {
         if a.is_nan() {
             self.max = f64::NAN;

@@ -59,10 +59,12 @@ impl MultiOutput {
         self.outputs.iter().map(Likelihood::n_params).sum()
     }
 
+    /// The outputs' optimiser coordinates, output after output.
     pub fn log_params(&self) -> Vec<f64> {
         self.outputs.iter().flat_map(Likelihood::log_params).collect()
     }
 
+    /// Sets the outputs' parameters from [`log_params`](Self::log_params)' coordinates.
     pub fn set_log_params(&mut self, p: &[f64]) {
         let mut at = 0;
         for lik in &mut self.outputs {
@@ -109,10 +111,12 @@ impl MultiOutput {
         out.d_params[offset..offset + n_own].copy_from_slice(&own[..n_own]);
     }
 
+    /// `log p(y)` of output `d` under the latents' marginals.
     pub fn log_predictive(&self, d: usize, mean: &[f64], var: &[f64], y: f64) -> f64 {
         self.outputs[d].log_predictive(mean, var, y)
     }
 
+    /// Output `d`'s predictive distribution under the latents' marginals.
     pub fn predict(&self, d: usize, mean: &[f64], var: &[f64]) -> Predictive {
         self.outputs[d].predict(mean, var)
     }

@@ -8,9 +8,9 @@ use std::ops::Range;
 
 use nalgebra::DMatrix;
 
-use crate::model::dual::posterior::{Cross, DualPosterior, Marginals};
 use crate::model::error::Result;
 use crate::model::math::linalg::{cholesky_jittered, column_sq_norms, solve_lower_in_place};
+use crate::model::posterior::{Cross, DualPosterior, Marginals};
 
 /// Each latent's `L_D⁻¹` (`D = I + Λ`, `S = D⁻¹ = L_D⁻ᵀL_D⁻¹`) block by block.
 pub struct BlockDiagonal<'a> {

@@ -52,7 +52,6 @@ use crate::model::baselines::offline::{fit_offline, InducingUpdate, OfflineConfi
 use crate::model::data::Data;
 use crate::model::dual::estep::{relative_change, site_precision, Backtracking, EStepConfig, PointSites};
 use crate::model::dual::objective::expected_log_message;
-use crate::model::dual::posterior::{Cross, DualPosterior, Marginals, Sites};
 use crate::model::error::{ModelError, Result};
 use crate::model::learner::{field_accessors, Learned, StreamingLearner};
 use crate::model::likelihood::{Expectation, Likelihood};
@@ -60,6 +59,7 @@ use crate::model::math::inducing::{select_inducing, Pivot};
 use crate::model::math::kernel::Kernel;
 use crate::model::math::linalg::cholesky_jittered;
 use crate::model::math::optim::Optimizer;
+use crate::model::posterior::{Cross, DualPosterior, Marginals, Sites};
 
 /// Where the hyperparameters come from.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -69,7 +69,12 @@ pub enum VarGpTheta {
     Fixed,
     /// Fitted on the first task by the offline trainer (`rounds` of an E-step
     /// then `m_steps` L-BFGS iterations, inducing inputs kept), then held.
-    FirstTask { rounds: usize, m_steps: usize },
+    FirstTask {
+        /// Rounds of the offline trainer.
+        rounds: usize,
+        /// L-BFGS iterations a round.
+        m_steps: usize,
+    },
     /// The seed's log-normal posterior, re-learned with each task and
     /// averaged over in predictions. VAR-GP's variant (`ar`) only.
     Posterior(ThetaConfig),
@@ -83,11 +88,17 @@ pub enum VarGpTheta {
 /// The draws come from `seed` (and the task's index).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ThetaConfig {
+    /// The first prior's standard deviation, in log space.
     pub prior_sd: f64,
+    /// The KL term's weight.
     pub beta: f64,
+    /// Draws of `θ` per E-step and per prediction.
     pub samples: usize,
+    /// Rounds of `q(θ)` steps and E-steps a task.
     pub rounds: usize,
+    /// L-BFGS iterations on `q(θ)` a round.
     pub m_steps: usize,
+    /// The seed of the draws.
     pub seed: u64,
 }
 
@@ -119,15 +130,18 @@ pub enum VarGpVariant {
     Retrain,
 }
 
+/// How [`VarGpLearner`] learns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VarGpConfig {
     /// Inducing inputs each task brings (`M`): the total is tasks × `M`.
     pub inducing: usize,
+    /// How pivoted Cholesky picks a task's inducing inputs.
     pub pivot: Pivot,
     /// At most `steps` natural-gradient steps a task, damping `rho`.
     pub e_step: EStepConfig,
     /// A task's E-step stops once no site moved by more than this, relatively.
     pub tolerance: f64,
+    /// Where the hyperparameters come from.
     pub theta: VarGpTheta,
     /// Checkpoints from before the ablations are VAR-GP's.
     #[serde(default)]
@@ -153,6 +167,7 @@ impl Default for VarGpConfig {
 }
 
 impl VarGpConfig {
+    /// Refuses settings that cannot work (no inducing inputs, no E-step, …).
     pub fn validate(&self) -> Result<()> {
         if self.inducing == 0 {
             return Err(ModelError::Config(
@@ -196,9 +211,12 @@ impl VarGpConfig {
 pub struct BlockReport {
     /// `Σ_i E_q[log p(y_i|f_i)] − KL` of the block, at the state before the last step.
     pub bound: f64,
+    /// The natural-gradient steps taken.
     pub steps: usize,
 }
 
+/// Kapoor et al.'s VAR-GP (or one of its ablations): a block of inducing
+/// inputs a task; serialisable as a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VarGpLearner {
     config: VarGpConfig,
@@ -217,6 +235,7 @@ pub struct VarGpLearner {
 }
 
 impl VarGpLearner {
+    /// A learner before its first task, `kernel` and `likelihood` its starting hyperparameters.
     pub fn new(kernel: Kernel, likelihood: Likelihood, config: VarGpConfig) -> Result<Self> {
         config.validate()?;
         Ok(VarGpLearner {
@@ -835,8 +854,11 @@ const SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 /// A task's bound and its gradients in the block's `q(v_t)`, per latent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskBound {
+    /// The bound.
     pub value: f64,
+    /// `∂/∂mean` per latent.
     pub grad_mean: Vec<DVector<f64>>,
+    /// `∂/∂cov` per latent.
     pub grad_cov: Vec<DMatrix<f64>>,
 }
 

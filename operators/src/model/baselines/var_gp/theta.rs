@@ -23,17 +23,19 @@ use serde::{Deserialize, Serialize};
 use crate::model::baselines::var_gp::BlockDiagonal;
 use crate::model::data::Data;
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters};
-use crate::model::dual::posterior::DualPosterior;
 use crate::model::error::Result;
 use crate::model::likelihood::{Expectation, Likelihood};
 use crate::model::math::linalg::solve_lower_transposed_in_place;
 use crate::model::math::optim::lbfgs_maximize;
+use crate::model::posterior::DualPosterior;
 
 /// `q(θ) = N(mean, diag(sd²))` over the log-hyperparameters, in the order
 /// of [`hyperparameters`]: kernel, then likelihood.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThetaPosterior {
+    /// The means of the log-hyperparameters.
     pub mean: DVector<f64>,
+    /// Their standard deviations.
     pub sd: DVector<f64>,
 }
 
@@ -199,13 +201,19 @@ fn cholesky_backward(chol: &Cholesky<f64, Dyn>, lt_l_bar: &DMatrix<f64>) -> DMat
 /// `D` the task's data term with every block's whitened `q(v)` held (the
 /// blocks' KLs do not depend on `θ` there).
 pub struct ThetaStep<'a> {
+    /// The posterior, every block's `q(v)` held.
     pub post: &'a DualPosterior,
     /// The tasks' blocks, over which the whitened precisions are block diagonal.
     pub blocks: &'a [Range<usize>],
+    /// The likelihood (its parameters the last ones of `θ`).
     pub likelihood: &'a Likelihood,
+    /// The task's records.
     pub data: &'a Data,
+    /// The prior `q_{t−1}(θ)`.
     pub prior: &'a ThetaPosterior,
+    /// The standard normal draws `ε_s`, fixed for the task.
     pub eps: &'a [DVector<f64>],
+    /// The KL term's weight.
     pub beta: f64,
 }
 

@@ -29,11 +29,14 @@ pub const DEFAULT_RELATIVE_JITTER: f64 = 1e-6;
 /// Natural site totals of one latent function: `(l, Λ)`, or whitened `(h, P)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sites {
+    /// `l = Σ k_i λ1_i` (whitened: `h`), `m`.
     pub l: DVector<f64>,
+    /// `Λ = Σ β̂_i k_i k_iᵀ` (whitened: `P`), `m × m`.
     pub lambda: DMatrix<f64>,
 }
 
 impl Sites {
+    /// No sites: the prior, over `m` inducing values.
     pub fn zeros(m: usize) -> Self {
         Sites {
             l: DVector::zeros(m),
@@ -182,7 +185,9 @@ impl Factors {
 /// The predictive marginals `q(f_c(x_i)) = N(mean[(i,c)], var[(i,c)])`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Marginals {
+    /// `n × C`: each point's mean of each latent.
     pub mean: DMatrix<f64>,
+    /// `n × C`: each point's variance of each latent.
     pub var: DMatrix<f64>,
 }
 
@@ -228,8 +233,11 @@ impl Cross {
     }
 }
 
+/// The sparse posterior every learner holds: `Z`, the kernel and the whitened
+/// site totals, with the factors predictions need cached beside them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DualPosterior {
+    /// The kernel, with its current hyperparameters.
     pub kernel: Kernel,
     /// Inducing inputs, `m × d`.
     pub z: DMatrix<f64>,
@@ -267,14 +275,17 @@ impl DualPosterior {
         Ok(post)
     }
 
+    /// The number of inducing inputs.
     pub fn m(&self) -> usize {
         self.z.nrows()
     }
 
+    /// The number of inputs per point.
     pub fn d(&self) -> usize {
         self.z.ncols()
     }
 
+    /// The number of latent functions.
     pub fn n_latent(&self) -> usize {
         self.whitened.len()
     }
@@ -462,6 +473,7 @@ impl DualPosterior {
         self.factors.is_some()
     }
 
+    /// Makes the cached factors if they are missing (after deserialising).
     pub fn ensure_factors(&mut self) -> Result<()> {
         if self.factors.is_none() {
             self.refresh()?;
