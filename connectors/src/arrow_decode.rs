@@ -4,82 +4,24 @@
 
 use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array};
 use arrow::compute::cast;
-use arrow::datatypes::{DataType, Float64Type, Int64Type, Schema, TimeUnit};
+use arrow::datatypes::{DataType, Int64Type, Schema, TimeUnit};
+use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::array_value_to_string;
 use dualgp_operators::dataflow::Record;
 
+pub use crate::columns::SchemaError;
+use crate::columns::{feature_columns, to_f64, to_i64, typed_column, Role};
 use crate::dead_letter::{number_text, DeadLetter, Origin, Reason};
 use crate::mapping::{ColumnMapping, LabelKind};
-use crate::table::UnresolvedFeatures;
 
 /// A decoded row: the record and its event time, if the mapping has one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodedRow {
+    /// The record.
     pub record: Record,
+    /// Its event time, in the mapping's units.
     pub event_time: Option<f64>,
-}
-
-/// Why a schema cannot be decoded with a [`ColumnMapping`].
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum SchemaError {
-    #[error("no column `{column}`; the columns are: {}", .available.join(", "))]
-    MissingColumn { column: String, available: Vec<String> },
-    #[error("no feature columns {wanted}; the columns are: {}", .available.join(", "))]
-    NoFeatures { wanted: String, available: Vec<String> },
-    #[error("column `{column}` has type {found}, expected {expected}")]
-    WrongType {
-        column: String,
-        found: String,
-        expected: &'static str,
-    },
-    #[error("{found} feature columns ({names}), but the stream has {expected}")]
-    Dimension {
-        expected: usize,
-        found: usize,
-        names: String,
-    },
-    #[error("cannot convert column `{column}`: {detail}")]
-    Convert { column: String, detail: String },
-}
-
-impl SchemaError {
-    /// The same problem as a per-message dead-letter reason.
-    pub fn to_reason(&self) -> Reason {
-        match self {
-            SchemaError::MissingColumn { column, .. } => Reason::MissingField { field: column.clone() },
-            SchemaError::WrongType {
-                column,
-                found,
-                expected,
-            } => Reason::WrongType {
-                field: column.clone(),
-                expected: (*expected).into(),
-                found: found.clone(),
-            },
-            SchemaError::Dimension { expected, names, .. } => Reason::FeatureMismatch {
-                expected: format!("{expected} features"),
-                found: names.clone(),
-            },
-            other => Reason::Undecodable {
-                detail: other.to_string(),
-            },
-        }
-    }
-}
-
-const NUMBER: &str = "a number (int8..int64, uint8..uint64, float16/32/64)";
-const INTEGER: &str = "an integer (int8..int64, uint8..uint64)";
-const TIME: &str = "a number or a timestamp";
-
-fn is_integer(t: &DataType) -> bool {
-    use DataType::*;
-    matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64)
-}
-
-fn is_number(t: &DataType) -> bool {
-    use DataType::*;
-    is_integer(t) || matches!(t, Float16 | Float32 | Float64)
 }
 
 /// Decodes batches of one schema with one [`ColumnMapping`].
@@ -103,38 +45,17 @@ impl ArrowDecoder {
     /// the schema lacks is an error too: leave `label` unset for score-only
     /// streams. So is a missing output column when the model has several outputs.
     pub fn new(mapping: &ColumnMapping, schema: &Schema) -> Result<Self, SchemaError> {
-        let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-        let owned = || available.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let field = |name: &str, expected: &'static str, accepts: fn(&DataType) -> bool| {
-            let f = schema.field_with_name(name).map_err(|_| SchemaError::MissingColumn {
-                column: name.into(),
-                available: owned(),
-            })?;
-            if accepts(f.data_type()) {
-                Ok(f.data_type().clone())
-            } else {
-                Err(SchemaError::WrongType {
-                    column: name.into(),
-                    found: f.data_type().to_string(),
-                    expected,
-                })
-            }
-        };
-
-        field(&mapping.id, INTEGER, is_integer)?;
-        let features = mapping.features.resolve(&available).map_err(|e| match e {
-            UnresolvedFeatures::Missing(column) => SchemaError::MissingColumn {
-                column,
-                available: owned(),
-            },
-            other => SchemaError::NoFeatures {
-                wanted: other.wanted(),
-                available: owned(),
-            },
-        })?;
-        for f in &features {
-            field(f, NUMBER, is_number)?;
-        }
+        typed_column(schema, &mapping.id, Role::Id)?;
+        let others: Vec<&str> = [
+            Some(mapping.id.as_str()),
+            mapping.label.as_deref(),
+            mapping.event_time.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .chain([mapping.output.as_str()])
+        .collect();
+        let features = feature_columns(&mapping.features, schema, &others)?;
         if let Some(d) = mapping.dimension {
             if features.len() != d {
                 return Err(SchemaError::Dimension {
@@ -145,10 +66,10 @@ impl ArrowDecoder {
             }
         }
         if let Some(label) = &mapping.label {
-            field(label, NUMBER, is_number)?;
+            typed_column(schema, label, Role::Target)?;
         }
         let time_scale = match &mapping.event_time {
-            Some(t) => match field(t, TIME, |t| is_number(t) || matches!(t, DataType::Timestamp(..)))? {
+            Some(t) => match typed_column(schema, t, Role::EventTime)? {
                 DataType::Timestamp(unit, _) => Some(match unit {
                     TimeUnit::Second => 1.0,
                     TimeUnit::Millisecond => 1e-3,
@@ -160,11 +81,12 @@ impl ArrowDecoder {
             None => None,
         };
         let output = match schema.field_with_name(&mapping.output) {
-            Ok(_) => Some(field(&mapping.output, INTEGER, is_integer).map(|_| mapping.output.clone())?),
+            Ok(_) => Some(typed_column(schema, &mapping.output, Role::Output).map(|_| mapping.output.clone())?),
             Err(_) if mapping.requires_output() => {
                 return Err(SchemaError::MissingColumn {
+                    role: Role::Output,
                     column: mapping.output.clone(),
-                    available: owned(),
+                    available: crate::columns::column_names(schema),
                 })
             }
             Err(_) => None,
@@ -181,6 +103,7 @@ impl ArrowDecoder {
         })
     }
 
+    /// The feature columns, in record order.
     pub fn feature_names(&self) -> &[String] {
         &self.features
     }
@@ -245,9 +168,9 @@ impl ArrowDecoder {
 }
 
 /// Event times as `f64`: numbers as they are, timestamps in seconds.
-pub(crate) fn event_seconds(raw: &ArrayRef, scale: Option<f64>) -> Result<Float64Array, arrow::error::ArrowError> {
+pub(crate) fn event_seconds(raw: &ArrayRef, scale: Option<f64>) -> Result<Float64Array, ArrowError> {
     Ok(match scale {
-        None => cast(raw, &DataType::Float64)?.as_primitive::<Float64Type>().clone(),
+        None => to_f64(raw)?,
         Some(scale) => cast(raw, &DataType::Int64)?
             .as_primitive::<Int64Type>()
             .iter()
@@ -268,51 +191,51 @@ struct Columns {
 
 impl Columns {
     fn new(dec: &ArrowDecoder, batch: &RecordBatch) -> Result<Self, SchemaError> {
-        let get = |name: &str| {
+        let get = |name: &str, role: Role| {
             batch
                 .column_by_name(name)
                 .cloned()
                 .ok_or_else(|| SchemaError::MissingColumn {
+                    role,
                     column: name.into(),
-                    available: batch.schema().fields().iter().map(|f| f.name().clone()).collect(),
+                    available: crate::columns::column_names(&batch.schema()),
                 })
         };
-        let convert = |name: &str, to: &DataType| -> Result<(ArrayRef, ArrayRef), SchemaError> {
-            let raw = get(name)?;
-            let converted = cast(&raw, to).map_err(|e| SchemaError::Convert {
-                column: name.into(),
+        let failed = |name: &str| {
+            let name = name.to_owned();
+            move |e: ArrowError| SchemaError::Convert {
+                column: name,
                 detail: e.to_string(),
-            })?;
-            Ok((raw, converted))
+            }
         };
-        let float = |name: &str| -> Result<(ArrayRef, Float64Array), SchemaError> {
-            let (raw, f) = convert(name, &DataType::Float64)?;
-            Ok((raw, f.as_primitive::<Float64Type>().clone()))
+        let number = |name: &str, role: Role| -> Result<(ArrayRef, Float64Array), SchemaError> {
+            let raw = get(name, role)?;
+            let f = to_f64(&raw).map_err(failed(name))?;
+            Ok((raw, f))
+        };
+        let integer = |name: &str, role: Role| -> Result<(ArrayRef, Int64Array), SchemaError> {
+            let raw = get(name, role)?;
+            let i = to_i64(&raw).map_err(failed(name))?;
+            Ok((raw, i))
         };
 
-        // Integer casts are checked: an out-of-range id becomes null here.
-        let (id_raw, id) = convert(&dec.id, &DataType::Int64)?;
-        let id = id.as_primitive::<Int64Type>().clone();
-        let features = dec.features.iter().map(|f| float(f)).collect::<Result<_, _>>()?;
-        let label = dec.label.as_deref().map(float).transpose()?;
+        // Integer conversions are checked: an out-of-range id becomes null here.
+        let (id_raw, id) = integer(&dec.id, Role::Id)?;
+        let features = dec
+            .features
+            .iter()
+            .map(|f| number(f, Role::Feature))
+            .collect::<Result<_, _>>()?;
+        let label = dec.label.as_deref().map(|l| number(l, Role::Target)).transpose()?;
         let time = match &dec.event_time {
             None => None,
             Some(t) => {
-                let raw = get(t)?;
-                let seconds = event_seconds(&raw, dec.time_scale).map_err(|e| SchemaError::Convert {
-                    column: t.clone(),
-                    detail: e.to_string(),
-                })?;
+                let raw = get(t, Role::EventTime)?;
+                let seconds = event_seconds(&raw, dec.time_scale).map_err(failed(t))?;
                 Some((raw, seconds))
             }
         };
-        let output = match &dec.output {
-            Some(name) => {
-                let (raw, converted) = convert(name, &DataType::Int64)?;
-                Some((raw, converted.as_primitive::<Int64Type>().clone()))
-            }
-            None => None,
-        };
+        let output = dec.output.as_deref().map(|o| integer(o, Role::Output)).transpose()?;
         Ok(Columns {
             id_raw,
             id,

@@ -14,16 +14,28 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "source", rename_all = "snake_case")]
 pub enum Origin {
     /// Row `row` (0-based, in file order) of a file.
-    File { path: String, row: u64 },
+    File {
+        /// The file.
+        path: String,
+        /// The row, 0-based in file order.
+        row: u64,
+    },
     /// A Kafka message; `row` is the row inside an Arrow IPC message.
     Kafka {
+        /// The topic.
         topic: String,
+        /// The partition.
         partition: i32,
+        /// The message's offset in its partition.
         offset: i64,
+        /// The row inside an Arrow IPC message (`None` for JSON).
         row: Option<u32>,
     },
     /// The learner, at epoch `epoch` (the payload holds the record and its id).
-    Learner { epoch: u64 },
+    Learner {
+        /// The epoch the record came in.
+        epoch: u64,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -52,49 +64,115 @@ impl fmt::Display for Origin {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reason {
+    /// A column or field the mapping needs is absent.
     #[error("field `{field}` is missing")]
-    MissingField { field: String },
+    MissingField {
+        /// The field's name.
+        field: String,
+    },
+    /// A value the record needs is null.
     #[error("`{field}` is null")]
-    Null { field: String },
+    Null {
+        /// The field's name.
+        field: String,
+    },
+    /// A number is NaN or infinite.
     #[error("`{field}` is {value}, not a finite number")]
-    NonFinite { field: String, value: String },
+    NonFinite {
+        /// The field's name.
+        field: String,
+        /// The value, as text.
+        value: String,
+    },
+    /// A value is not of the type its role needs.
     #[error("`{field}` has the wrong type: expected {expected}, found {found}")]
     WrongType {
+        /// The field's name.
         field: String,
+        /// The types the role takes.
         expected: String,
+        /// The type found.
         found: String,
     },
+    /// A label outside the labels the mapping takes (a class out of range).
     #[error("label {value} is invalid: expected {expected}")]
-    InvalidLabel { value: String, expected: String },
+    InvalidLabel {
+        /// The label, as text.
+        value: String,
+        /// The labels taken.
+        expected: String,
+    },
+    /// An id beyond the range of `i64`.
     #[error("id {value} does not fit in int64")]
-    IdOutOfRange { value: String },
+    IdOutOfRange {
+        /// The id, as text.
+        value: String,
+    },
+    /// An output index outside the model's outputs.
     #[error("output {value} is invalid: expected an output index in 0..{outputs} (the model has {outputs} output(s))")]
-    InvalidOutput { value: String, outputs: usize },
+    InvalidOutput {
+        /// The index, as text.
+        value: String,
+        /// How many outputs the model has.
+        outputs: usize,
+    },
+    /// A message whose features differ from the stream's first.
     #[error("features {found} do not match the stream's {expected}")]
-    FeatureMismatch { expected: String, found: String },
+    FeatureMismatch {
+        /// The stream's features.
+        expected: String,
+        /// The message's.
+        found: String,
+    },
+    /// A payload that is not JSON or Arrow IPC of records.
     #[error("cannot decode the message: {detail}")]
-    Undecodable { detail: String },
+    Undecodable {
+        /// What the decoder said.
+        detail: String,
+    },
+    /// An event time in a window the stream has already closed.
     #[error("event time {time} falls in window {window}, but the stream has already reached window {watermark}")]
-    Late { time: String, window: u64, watermark: u64 },
+    Late {
+        /// The event time, as text.
+        time: String,
+        /// The window it falls in.
+        window: u64,
+        /// The window the stream has reached.
+        watermark: u64,
+    },
+    /// Decoded, but refused by the model (see [`DeadLetter::refused`]).
     #[error("refused by the learner: {detail}")]
-    Refused { detail: String },
+    Refused {
+        /// The learner's reason.
+        detail: String,
+    },
 }
 
 /// The kind of a [`Reason`], for counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReasonKind {
+    /// [`Reason::MissingField`].
     MissingField,
+    /// [`Reason::Null`].
     Null,
+    /// [`Reason::NonFinite`].
     NonFinite,
+    /// [`Reason::WrongType`].
     WrongType,
+    /// [`Reason::InvalidLabel`].
     InvalidLabel,
+    /// [`Reason::IdOutOfRange`].
     IdOutOfRange,
     /// An output index outside the model's outputs (multi-output models).
     InvalidOutput,
+    /// [`Reason::FeatureMismatch`].
     FeatureMismatch,
+    /// [`Reason::Undecodable`].
     Undecodable,
+    /// [`Reason::Late`].
     Late,
+    /// [`Reason::Refused`].
     Refused,
 }
 
@@ -124,6 +202,7 @@ impl fmt::Display for ReasonKind {
 }
 
 impl Reason {
+    /// The reason's kind, for counting.
     pub fn kind(&self) -> ReasonKind {
         match self {
             Reason::MissingField { .. } => ReasonKind::MissingField,
@@ -144,9 +223,11 @@ impl Reason {
 /// A rejected record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeadLetter {
+    /// Where it came from.
     pub origin: Origin,
     /// The record as text: the message itself, or the row's columns as JSON.
     pub payload: String,
+    /// Why it was rejected.
     pub reason: Reason,
 }
 
@@ -167,11 +248,14 @@ impl DeadLetter {
 /// How many records a source decoded, and how many it rejected, by reason.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
+    /// Records decoded.
     pub records: u64,
+    /// Records rejected, by reason.
     pub dead_letters: BTreeMap<ReasonKind, u64>,
 }
 
 impl Counters {
+    /// Records rejected, for every reason.
     pub fn total_dead_letters(&self) -> u64 {
         self.dead_letters.values().sum()
     }

@@ -8,7 +8,9 @@ use crate::dead_letter::DeadLetter;
 /// One worker's share of the input: worker `index` of `peers`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerShare {
+    /// This worker.
     pub index: usize,
+    /// How many workers share the input.
     pub peers: usize,
 }
 
@@ -16,6 +18,7 @@ impl WorkerShare {
     /// The whole input, for a single reader.
     pub const ALONE: WorkerShare = WorkerShare { index: 0, peers: 1 };
 
+    /// Worker `index` of `peers`.
     pub fn new(index: usize, peers: usize) -> Self {
         WorkerShare { index, peers }
     }
@@ -35,8 +38,12 @@ impl WorkerShare {
 /// letters, and the position to resume from once this epoch is checkpointed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EpochPart<P> {
+    /// The epoch.
     pub epoch: u64,
+    /// Its records, in input order.
     pub records: Vec<Record>,
+    /// Its rows that could not be records.
     pub dead_letters: Vec<DeadLetter>,
+    /// Where to resume once this epoch is checkpointed.
     pub position: P,
 }

@@ -2,34 +2,69 @@
 
 use std::path::PathBuf;
 
-use crate::arrow_decode::SchemaError;
+use crate::columns::SchemaError;
 
 /// Why a source cannot go on. Each message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    /// The file cannot be opened.
     #[error("cannot open {}: {source}", .path.display())]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The file's footer is not Parquet's.
     #[error("{} is not a valid Parquet file (truncated, or another format): {source}", .path.display())]
     NotParquet {
+        /// The file.
         path: PathBuf,
+        /// What the Parquet reader said.
         source: parquet::errors::ParquetError,
     },
+    /// A row group cannot be read.
     #[error("{}: cannot read row group {row_group} (corrupt or truncated file?): {detail}", .path.display())]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The row group.
         row_group: usize,
+        /// What the reader said.
         detail: String,
     },
-    #[error("{input}: {source}; fix the column mapping or the input")]
-    Schema { input: String, source: SchemaError },
+    /// The file ends in `.csv` but cannot be read as CSV with a header row
+    /// (a row with another number of fields than the header: a truncated file).
+    #[error("{} is not a CSV file that can be read (truncated or malformed?): {source}; fix or re-export it", .path.display())]
+    NotCsv {
+        /// The file.
+        path: PathBuf,
+        /// What the CSV reader said.
+        source: arrow::error::ArrowError,
+    },
+    /// The columns cannot make up records; the message names the flag that
+    /// chooses the column (`--id`, `--features`, `--target`, `--output-column`).
+    #[error("{input}: {source}; {}", .source.hint())]
+    Schema {
+        /// The file or topic.
+        input: String,
+        /// What is wrong with the columns.
+        source: SchemaError,
+    },
+    /// Settings that cannot work, in a sentence.
     #[error("invalid source configuration: {0}")]
     Config(String),
+    /// A saved position that does not fit the input (another file, fewer rows).
     #[error("cannot resume {input} from {position}: {why}")]
     Position {
+        /// The file or topic.
         input: String,
+        /// The position, as text.
         position: String,
+        /// Why it does not fit.
         why: String,
     },
+    /// The Kafka client failed.
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(Box<crate::kafka::KafkaError>),
@@ -38,17 +73,36 @@ pub enum SourceError {
 /// Why a sink cannot write.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
+    /// The file cannot be created, written or renamed.
     #[error("cannot write {}: {source}", .path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The Parquet writer failed.
     #[error("cannot write Parquet to {}: {source}", .path.display())]
     Parquet {
+        /// The file.
         path: PathBuf,
+        /// What the writer said.
         source: parquet::errors::ParquetError,
     },
+    /// A prediction of another kind than the file's columns (moments against classes).
     #[error("prediction for id {id} is {found}, but the sink writes {expected}")]
-    Layout { id: i64, found: String, expected: String },
+    Layout {
+        /// The record's id.
+        id: i64,
+        /// The prediction's kind.
+        found: String,
+        /// The kind the columns hold.
+        expected: String,
+    },
+    /// Settings that cannot work, in a sentence.
     #[error("invalid sink configuration: {0}")]
     Config(String),
+    /// The Kafka client failed.
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(Box<crate::kafka::KafkaError>),

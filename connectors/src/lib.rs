@@ -1,10 +1,13 @@
 //! Parquet and Kafka sources and sinks for dualgp, as Arrow.
 //!
-//! - [`table`] reads a whole Parquet data set into a [`Table`] (for `dualgp eval`).
+//! - [`columns`] is the one column reader: which columns make up records,
+//!   the type rules of each role, one [`SchemaError`] for every source.
+//! - [`table`] reads a whole data set (Parquet, or CSV: [`csv_input`]) into a
+//!   [`Table`] (for `dualgp eval`).
 //! - [`mapping`] says which columns make a record; [`arrow_decode`] turns
 //!   Arrow batches into records and bad rows into [`DeadLetter`]s.
-//! - [`parquet_source`] streams a Parquet file epoch by epoch, one share of
-//!   row groups per worker, resumable from a [`ParquetPosition`].
+//! - [`parquet_source`] streams a Parquet (or CSV) file epoch by epoch, one
+//!   share of row groups per worker, resumable from a [`ParquetPosition`].
 //! - [`parquet_sink`] writes predictions and dead letters to Parquet files
 //!   that appear only when complete.
 //! - [`kafka`] (feature `kafka`, on by default): a source of a worker's
@@ -13,8 +16,12 @@
 //! Nothing here knows about timely: a source operator drives a source per
 //! worker with `next_epoch()` and uses the epoch as its timestamp.
 
+#![warn(missing_docs)]
+
 pub mod arrow_decode;
 pub mod atomic_parquet;
+pub mod columns;
+pub mod csv_input;
 pub mod dead_letter;
 pub mod epoch;
 pub mod error;
@@ -27,8 +34,10 @@ pub mod parquet_source;
 pub mod prediction_columns;
 pub mod table;
 
-pub use arrow_decode::{ArrowDecoder, DecodedRow, SchemaError};
+pub use arrow_decode::{ArrowDecoder, DecodedRow};
 pub use atomic_parquet::partial_path;
+pub use columns::{Features, Role, SchemaError, UnresolvedFeatures};
+pub use csv_input::is_csv;
 pub use dead_letter::{Counters, DeadLetter, Origin, Reason, ReasonKind};
 pub use epoch::{EpochPart, WorkerShare};
 pub use error::{SinkError, SourceError};
@@ -40,4 +49,4 @@ pub use kafka::{
 pub use mapping::{ColumnMapping, LabelKind};
 pub use parquet_sink::{DeadLetterWriter, PredictionColumns, PredictionLayout, PredictionWriter};
 pub use parquet_source::{EpochRule, ParquetPosition, ParquetSource, ParquetSourceConfig};
-pub use table::{shared_data, shared_dir, Column, ColumnSpec, Features, Table, TableError, UnresolvedFeatures};
+pub use table::{shared_data, shared_dir, Column, ColumnSpec, Table, TableError};

@@ -5,7 +5,7 @@
 //!
 //! ```toml
 //! id = "id"
-//! features = { prefix = "x" }     # or { names = ["a", "b"] }
+//! features = { prefix = "x" }     # or { names = ["a", "b"] }, or { glob = ["feat_*"] }
 //! label = "y"                     # omit for a stream that is only scored
 //! labels = { classes = 2 }        # or "real" (default) or "count"
 //! event_time = "t"                # optional
@@ -16,8 +16,8 @@
 use dualgp_operators::model::Likelihood;
 use serde::{Deserialize, Serialize};
 
+use crate::columns::Features;
 use crate::dead_letter::{number_text, Reason};
-use crate::table::Features;
 
 /// Which columns make up a record. The default is the project's data layout:
 /// id `id`, features `x0, x1, …`, real label `y`, no event time.
@@ -26,10 +26,11 @@ use crate::table::Features;
 pub struct ColumnMapping {
     /// The record id (an integer column or field).
     pub id: String,
+    /// The feature columns: by name, prefix or glob.
     pub features: Features,
     /// The number of features, for sources without a schema (JSON) whose
-    /// features are given by prefix: `x0..x{d-1}`. When unset there, the
-    /// first decodable message fixes it.
+    /// features are given by prefix (`x0..x{d-1}`) or glob. When unset
+    /// there, the first decodable message fixes it.
     pub dimension: Option<usize>,
     /// The label column; a null or absent label means "score only".
     pub label: Option<String>,
@@ -101,11 +102,13 @@ impl ColumnMapping {
         self
     }
 
+    /// Epochs by event time from `column` rather than by row count.
     pub fn with_event_time(mut self, column: impl Into<String>) -> Self {
         self.event_time = Some(column.into());
         self
     }
 
+    /// Fixes the number of features (for JSON, whose messages have no schema).
     pub fn with_dimension(mut self, d: usize) -> Self {
         self.dimension = Some(d);
         self
@@ -133,7 +136,7 @@ impl ColumnMapping {
         match (&self.features, self.dimension) {
             (Features::Names(names), _) => Some(names.clone()),
             (Features::Prefix(p), Some(d)) => Some((0..d).map(|i| format!("{p}{i}")).collect()),
-            (Features::Prefix(_), None) => None,
+            (Features::Prefix(_), None) | (Features::Glob(_), _) => None,
         }
     }
 }

@@ -183,6 +183,7 @@ pub struct DeadLetterWriter {
 }
 
 impl DeadLetterWriter {
+    /// A writer to `path`, which appears there only once finished.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, SinkError> {
         let schema = Arc::new(Schema::new(
             ["origin", "reason_kind", "reason", "payload"]
@@ -194,6 +195,7 @@ impl DeadLetterWriter {
         })
     }
 
+    /// Appends `dead_letters`.
     pub fn write(&mut self, dead_letters: &[DeadLetter]) -> Result<(), SinkError> {
         if dead_letters.is_empty() {
             return Ok(());

@@ -1,4 +1,7 @@
-//! A Parquet file as a stream of epochs, read one row group at a time.
+//! A Parquet file as a stream of epochs, read one row group at a time; or a
+//! CSV file (a path ending in `.csv`, see [`csv_input`](crate::csv_input)),
+//! whose rows are cut into groups of `batch_rows` rows that play the part
+//! of row groups (every worker parses the file, and keeps its groups).
 //!
 //! Row groups are dealt round-robin to workers ([`WorkerShare::owns`]);
 //! epochs are global (rows `[k·B, (k+1)·B)` in file order, or event-time
@@ -21,6 +24,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use arrow::array::Array;
+use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
@@ -31,6 +35,7 @@ use parquet::arrow::ProjectionMask;
 use serde::{Deserialize, Serialize};
 
 use crate::arrow_decode::{event_seconds, ArrowDecoder, DecodedRow};
+use crate::csv_input::{is_csv, CsvInput};
 use crate::dead_letter::{number_text, Counters, DeadLetter, Origin, Reason};
 use crate::epoch::{EpochPart, WorkerShare};
 use crate::error::SourceError;
@@ -48,7 +53,9 @@ pub enum EpochRule {
     /// windows. A row whose window is earlier than that of a row before it in
     /// file order is late: it goes to the dead letters of the later window.
     EventTime {
+        /// A window's length, in event-time units.
         width: f64,
+        /// Where window 0 starts.
         #[serde(default)]
         origin: f64,
     },
@@ -58,7 +65,9 @@ pub enum EpochRule {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ParquetSourceConfig {
+    /// Which columns make a record.
     pub mapping: ColumnMapping,
+    /// How rows are cut into epochs.
     pub epochs: EpochRule,
     /// Rows decoded at a time (bounds memory together with the epoch size).
     pub batch_rows: usize,
@@ -81,6 +90,7 @@ impl Default for ParquetSourceConfig {
 /// is the smallest over the workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ParquetPosition {
+    /// The first epoch not yet processed.
     pub next_epoch: u64,
     /// With [`EpochRule::Rows`]: rows in the epochs before `next_epoch`,
     /// checked on resume (a different file or epoch size is refused).
@@ -97,9 +107,47 @@ struct GroupSpan {
 
 /// The row group being read and the global row of its next batch.
 struct OpenGroup {
-    reader: ParquetRecordBatchReader,
+    reader: GroupReader,
     index: usize,
     next_row: u64,
+}
+
+/// One row group's batches.
+enum GroupReader {
+    Parquet(ParquetRecordBatchReader),
+    /// A CSV group is one batch.
+    Csv(Option<RecordBatch>),
+}
+
+impl GroupReader {
+    fn next(&mut self) -> Option<Result<RecordBatch, ArrowError>> {
+        match self {
+            GroupReader::Parquet(reader) => next_batch(reader),
+            GroupReader::Csv(batch) => batch.take().map(Ok),
+        }
+    }
+}
+
+/// Where the rows come from.
+enum Input {
+    Parquet {
+        file: File,
+        metadata: ArrowReaderMetadata,
+        projection: ProjectionMask,
+    },
+    /// The file parsed in order, a group (a batch of `batch_rows` rows) at a
+    /// time; groups of other workers are parsed and dropped.
+    Csv {
+        reader: Box<arrow::csv::Reader<File>>,
+        /// The group the reader's next batch is.
+        next_group: usize,
+    },
+}
+
+/// A file opened, before its columns are chosen.
+enum Opened {
+    Parquet { file: File, metadata: ArrowReaderMetadata },
+    Csv(CsvInput),
 }
 
 /// State of [`EpochRule::EventTime`] reading.
@@ -130,9 +178,7 @@ impl Windows {
 pub struct ParquetSource {
     path: PathBuf,
     name: String,
-    file: File,
-    metadata: ArrowReaderMetadata,
-    projection: ProjectionMask,
+    input: Input,
     decoder: ArrowDecoder,
     batch_rows: usize,
     epoch_rows: Option<u64>,
@@ -160,40 +206,49 @@ impl ParquetSource {
         let path = path.as_ref().to_owned();
         let name = path.display().to_string();
         check_config(config, share)?;
-        let file = File::open(&path).map_err(|source| SourceError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let not_parquet = |source| SourceError::NotParquet {
-            path: path.clone(),
-            source,
+        let opened = Opened::open(&path)?;
+        let schema = match &opened {
+            Opened::Parquet { metadata, .. } => metadata.schema().clone(),
+            Opened::Csv(csv) => csv.schema().clone(),
         };
-        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(not_parquet)?;
-        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-        check_chunks(metadata.metadata(), file_len).map_err(not_parquet)?;
-        let schema = metadata.schema().clone();
         let decoder = ArrowDecoder::new(&config.mapping, &schema).map_err(|source| SourceError::Schema {
             input: name.clone(),
             source,
         })?;
         let wanted = decoder.columns();
-        let roots = (0..schema.fields().len()).filter(|&i| wanted.contains(&schema.field(i).name().as_str()));
-        let projection = ProjectionMask::roots(metadata.parquet_schema(), roots);
-
-        let row_groups = metadata.metadata().row_groups();
-        let mut first_row = 0u64;
-        let mut all_groups = Vec::with_capacity(row_groups.len());
-        for (index, g) in row_groups.iter().enumerate() {
-            let rows = g.num_rows().max(0) as u64;
-            all_groups.push(GroupSpan { index, first_row, rows });
-            first_row += rows;
-        }
-        let n_rows = first_row;
+        let all_groups = opened.groups(config.batch_rows);
+        let n_rows = all_groups.last().map_or(0, |g| g.first_row + g.rows);
+        let max_before_group = match config.epochs {
+            EpochRule::Rows(_) => None,
+            EpochRule::EventTime { .. } => {
+                opened.watermarks(&decoder, &config.mapping, share, &name, config.batch_rows)?
+            }
+        };
+        let input = match opened {
+            Opened::Parquet { file, metadata } => {
+                let roots = (0..schema.fields().len()).filter(|&i| wanted.contains(&schema.field(i).name().as_str()));
+                let projection = ProjectionMask::roots(metadata.parquet_schema(), roots);
+                Input::Parquet {
+                    file,
+                    metadata,
+                    projection,
+                }
+            }
+            Opened::Csv(csv) => Input::Csv {
+                reader: Box::new(
+                    csv.batches(&wanted, config.batch_rows)
+                        .map_err(|source| SourceError::NotCsv {
+                            path: path.clone(),
+                            source,
+                        })?,
+                ),
+                next_group: 0,
+            },
+        };
 
         let (epoch_rows, windows) = match config.epochs {
             EpochRule::Rows(n) => (Some(n), None),
             EpochRule::EventTime { width, origin } => {
-                let max_before_group = group_watermarks(&metadata, &decoder, &config.mapping, share, &name)?;
                 let windows = Windows {
                     width,
                     origin,
@@ -239,9 +294,7 @@ impl ParquetSource {
         Ok(ParquetSource {
             path,
             name,
-            file,
-            metadata,
-            projection,
+            input,
             decoder,
             batch_rows: config.batch_rows,
             epoch_rows,
@@ -281,6 +334,7 @@ impl ParquetSource {
         self.n_rows
     }
 
+    /// The feature columns, in record order.
     pub fn feature_names(&self) -> &[String] {
         self.decoder.feature_names()
     }
@@ -424,18 +478,15 @@ impl ParquetSource {
         }
         loop {
             if let Some(open) = &mut self.open {
-                match next_batch(&mut open.reader) {
+                match open.reader.next() {
                     Some(Ok(batch)) => {
                         let start = open.next_row;
                         open.next_row += batch.num_rows() as u64;
                         return Ok(Some((start, batch)));
                     }
                     Some(Err(e)) => {
-                        return Err(SourceError::Read {
-                            path: self.path.clone(),
-                            row_group: open.index,
-                            detail: e.to_string(),
-                        })
+                        let index = open.index;
+                        return Err(self.read_error(index, e.to_string()));
                     }
                     None => self.open = None,
                 }
@@ -447,37 +498,174 @@ impl ParquetSource {
         }
     }
 
+    /// Why row group `index` could not be read (for CSV: the file).
+    fn read_error(&self, index: usize, detail: String) -> SourceError {
+        read_error(&self.path, matches!(self.input, Input::Csv { .. }), index, detail)
+    }
+
     fn open_group(&mut self, group: GroupSpan) -> Result<OpenGroup, SourceError> {
-        let read_err = |detail: String| SourceError::Read {
-            path: self.path.clone(),
-            row_group: group.index,
-            detail,
-        };
-        let file = self.file.try_clone().map_err(|e| read_err(e.to_string()))?;
+        let path = &self.path;
+        let failed = |csv: bool, detail: String| read_error(path, csv, group.index, detail);
         let start_row = self.epoch_rows.map_or(0, |n| self.resume_epoch.saturating_mul(n));
         let skip = start_row.saturating_sub(group.first_row).min(group.rows);
-        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-            .with_row_groups(vec![group.index])
-            .with_projection(self.projection.clone())
-            .with_batch_size(self.batch_rows);
-        if skip > 0 {
-            builder = builder.with_row_selection(RowSelection::from(vec![
-                RowSelector::skip(skip as usize),
-                RowSelector::select((group.rows - skip) as usize),
-            ]));
-        }
+        let reader = match &mut self.input {
+            Input::Parquet {
+                file,
+                metadata,
+                projection,
+            } => {
+                let file = file.try_clone().map_err(|e| e.to_string());
+                let reader = file.and_then(|file| {
+                    let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata.clone())
+                        .with_row_groups(vec![group.index])
+                        .with_projection(projection.clone())
+                        .with_batch_size(self.batch_rows);
+                    if skip > 0 {
+                        builder = builder.with_row_selection(RowSelection::from(vec![
+                            RowSelector::skip(skip as usize),
+                            RowSelector::select((group.rows - skip) as usize),
+                        ]));
+                    }
+                    builder.build().map_err(|e| e.to_string())
+                });
+                GroupReader::Parquet(reader.map_err(|e| failed(false, e))?)
+            }
+            Input::Csv { reader, next_group } => {
+                let mut batch = None;
+                while *next_group <= group.index {
+                    let read = reader.next().transpose();
+                    *next_group += 1;
+                    batch = read.map_err(|e| e.to_string()).transpose();
+                }
+                let batch = batch
+                    .unwrap_or_else(|| {
+                        Err(format!(
+                            "row {} is missing: the file is shorter than it was",
+                            group.first_row
+                        ))
+                    })
+                    .map_err(|e| failed(true, e))?;
+                let skip = (skip as usize).min(batch.num_rows());
+                GroupReader::Csv(Some(batch.slice(skip, batch.num_rows() - skip)))
+            }
+        };
         if let Some(w) = &mut self.windows {
             // Start from what every earlier row group held, as any worker would.
             if let Some(Some(before)) = w.max_before_group.as_ref().map(|m| m[group.index]) {
                 w.watermark = Some(w.watermark.map_or(before, |x| x.max(before)));
             }
         }
-        let reader = builder.build().map_err(|e| read_err(e.to_string()))?;
         Ok(OpenGroup {
             reader,
             index: group.index,
             next_row: group.first_row + skip,
         })
+    }
+}
+
+impl Opened {
+    fn open(path: &Path) -> Result<Opened, SourceError> {
+        let file = File::open(path).map_err(|source| SourceError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        if is_csv(path) {
+            return CsvInput::open(path, &file)
+                .map(Opened::Csv)
+                .map_err(|source| SourceError::NotCsv {
+                    path: path.to_owned(),
+                    source,
+                });
+        }
+        let not_parquet = |source| SourceError::NotParquet {
+            path: path.to_owned(),
+            source,
+        };
+        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(not_parquet)?;
+        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        check_chunks(metadata.metadata(), file_len).map_err(not_parquet)?;
+        Ok(Opened::Parquet { file, metadata })
+    }
+
+    /// Every row group, in file order; a CSV file's are `group_rows` rows each.
+    fn groups(&self, group_rows: usize) -> Vec<GroupSpan> {
+        let sizes: Vec<u64> = match self {
+            Opened::Parquet { metadata, .. } => metadata
+                .metadata()
+                .row_groups()
+                .iter()
+                .map(|g| g.num_rows().max(0) as u64)
+                .collect(),
+            Opened::Csv(csv) => {
+                let per = group_rows.max(1) as u64;
+                (0..csv.rows().div_ceil(per))
+                    .map(|k| per.min(csv.rows() - k * per))
+                    .collect()
+            }
+        };
+        let mut first_row = 0u64;
+        let mut groups = Vec::with_capacity(sizes.len());
+        for (index, rows) in sizes.into_iter().enumerate() {
+            groups.push(GroupSpan { index, first_row, rows });
+            first_row += rows;
+        }
+        groups
+    }
+
+    /// Per row group, the largest event time of all earlier groups (see
+    /// [`group_watermarks`]); a CSV file's are read from its rows.
+    fn watermarks(
+        &self,
+        decoder: &ArrowDecoder,
+        mapping: &ColumnMapping,
+        share: WorkerShare,
+        name: &str,
+        group_rows: usize,
+    ) -> Result<Option<Vec<Option<f64>>>, SourceError> {
+        match self {
+            Opened::Parquet { metadata, .. } => group_watermarks(metadata, decoder, mapping, share, name),
+            Opened::Csv(csv) => csv_watermarks(csv, decoder, mapping, group_rows).map(Some),
+        }
+    }
+}
+
+/// [`group_watermarks`] of a CSV file, from one pass over its event times.
+fn csv_watermarks(
+    csv: &CsvInput,
+    decoder: &ArrowDecoder,
+    mapping: &ColumnMapping,
+    group_rows: usize,
+) -> Result<Vec<Option<f64>>, SourceError> {
+    let column = mapping.event_time.as_deref().unwrap_or_default();
+    let failed = |source| SourceError::NotCsv {
+        path: csv.path().to_owned(),
+        source,
+    };
+    let mut out = vec![None];
+    let mut running: Option<f64> = None;
+    for batch in csv.batches(&[column], group_rows).map_err(failed)? {
+        let batch = batch.map_err(failed)?;
+        let times = event_seconds(batch.column(0), decoder.time_scale()).map_err(failed)?;
+        for t in times.iter().flatten().filter(|t| t.is_finite()) {
+            running = Some(running.map_or(t, |r| r.max(t)));
+        }
+        out.push(running);
+    }
+    Ok(out)
+}
+
+/// Why row group `index` of the file at `path` could not be read (for CSV: the file).
+fn read_error(path: &Path, csv: bool, index: usize, detail: String) -> SourceError {
+    match csv {
+        false => SourceError::Read {
+            path: path.to_owned(),
+            row_group: index,
+            detail,
+        },
+        true => SourceError::NotCsv {
+            path: path.to_owned(),
+            source: ArrowError::CsvError(detail),
+        },
     }
 }
 

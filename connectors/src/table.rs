@@ -1,4 +1,6 @@
-//! A whole Parquet data set in memory: ids, folds, a feature matrix and labels.
+//! A whole data set in memory (a Parquet or a CSV file): ids, folds, a
+//! feature matrix and labels, read through the one column reader
+//! ([`columns`](crate::columns)) that the streaming sources use too.
 //!
 //! ```no_run
 //! use dualgp_connectors::{ColumnSpec, Table};
@@ -11,14 +13,18 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use arrow::array::{Array, ArrayRef, AsArray};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Float64Type, Int64Type, Schema};
+use arrow::array::{Array, ArrayRef};
+use arrow::datatypes::Schema;
+use arrow::error::ArrowError;
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::array_value_to_string;
 use nalgebra::DMatrix;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
-use serde::{Deserialize, Serialize};
 
+use crate::columns::{feature_columns, first_unconverted, to_f64, to_i64, typed_column, Role, SchemaError};
+pub use crate::columns::{Features, UnresolvedFeatures};
+use crate::csv_input::{is_csv, CsvInput};
 use crate::parquet_check::{check_chunks, next_batch};
 
 /// Why a [`Table`] could not be read. Each message is one line saying what to change.
@@ -48,37 +54,24 @@ pub enum TableError {
         /// The Arrow reader's reason.
         source: arrow::error::ArrowError,
     },
-    /// A column named in the [`ColumnSpec`] is not in the file.
-    #[error("{}: no column `{column}`; the file has columns: {}", .path.display(), .available.join(", "))]
-    MissingColumn {
+    /// The file ends in `.csv` but cannot be read as CSV with a header row:
+    /// a row with another number of fields than the header (a truncated
+    /// file), text that is not UTF-8, ….
+    #[error("{} is not a CSV file that can be read (truncated or malformed?): {source}; fix or re-export it", .path.display())]
+    NotCsv {
         /// The file asked for.
         path: PathBuf,
-        /// The column asked for.
-        column: String,
-        /// The columns the file has.
-        available: Vec<String>,
+        /// The CSV reader's reason.
+        source: ArrowError,
     },
-    /// No feature columns were selected.
-    #[error("{}: no feature columns {wanted}; the file has columns: {}", .path.display(), .available.join(", "))]
-    NoFeatures {
+    /// The columns cannot make up records: one is missing or has a type its
+    /// role does not take (the same rules as the streaming sources').
+    #[error("{}: {source}; {}", .path.display(), .source.hint())]
+    Schema {
         /// The file asked for.
         path: PathBuf,
-        /// What was looked for, e.g. "named x<N>".
-        wanted: String,
-        /// The columns the file has.
-        available: Vec<String>,
-    },
-    /// A column has a type that cannot be used for its role.
-    #[error("{}: column `{column}` has type {found}, expected {expected}; convert it or select another column", .path.display())]
-    WrongType {
-        /// The file asked for.
-        path: PathBuf,
-        /// The column.
-        column: String,
-        /// Its Arrow type.
-        found: DataType,
-        /// The accepted types.
-        expected: &'static str,
+        /// Which column, and why.
+        source: SchemaError,
     },
     /// A feature, label, id or fold value is null.
     #[error("{}: column `{column}` has a null at row {row} (0-based); fill or drop missing values first", .path.display())]
@@ -90,9 +83,10 @@ pub enum TableError {
         /// The row (0-based, in file order).
         row: usize,
     },
-    /// A fold value does not fit in `i8`.
-    #[error("{}: column `{column}` has value {value} at row {row} (0-based), which is not a fold number in -128..=127", .path.display())]
-    BadFold {
+    /// An integer column's value does not fit its role (a fold beyond `i8`,
+    /// an id beyond `i64`).
+    #[error("{}: column `{column}` has value {value} at row {row} (0-based), which is not {expected}", .path.display())]
+    OutOfRange {
         /// The file asked for.
         path: PathBuf,
         /// The column.
@@ -100,80 +94,10 @@ pub enum TableError {
         /// The row (0-based, in file order).
         row: usize,
         /// The value found.
-        value: i64,
+        value: String,
+        /// What the role takes.
+        expected: &'static str,
     },
-}
-
-/// How to choose the feature columns.
-///
-/// In TOML: `features = { prefix = "x" }` or `features = { names = ["a", "b"] }`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Features {
-    /// Every column named `PREFIX<N>` (N decimal digits), ordered by N
-    /// numerically (`x2` before `x10`).
-    Prefix(String),
-    /// Exactly these columns, in this order.
-    Names(Vec<String>),
-}
-
-/// Why [`Features::resolve`] found no usable feature columns.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum UnresolvedFeatures {
-    /// `Names` was an empty list.
-    Empty,
-    /// A named column is not there.
-    Missing(String),
-    /// No column is called `PREFIX<N>`.
-    NoneWithPrefix(String),
-}
-
-impl UnresolvedFeatures {
-    /// What was looked for, for an error message.
-    pub fn wanted(&self) -> String {
-        match self {
-            UnresolvedFeatures::Empty => "(the list of feature names is empty)".into(),
-            UnresolvedFeatures::Missing(name) => format!("named {name}"),
-            UnresolvedFeatures::NoneWithPrefix(prefix) => format!("named {prefix}<N> (e.g. {prefix}0, {prefix}1)"),
-        }
-    }
-}
-
-impl Features {
-    /// The feature columns among `available`, in feature order.
-    pub fn resolve(&self, available: &[&str]) -> Result<Vec<String>, UnresolvedFeatures> {
-        match self {
-            Features::Names(names) => {
-                if names.is_empty() {
-                    return Err(UnresolvedFeatures::Empty);
-                }
-                if let Some(m) = names.iter().find(|n| !available.contains(&n.as_str())) {
-                    return Err(UnresolvedFeatures::Missing(m.clone()));
-                }
-                Ok(names.clone())
-            }
-            Features::Prefix(prefix) => {
-                let mut found: Vec<(u128, &str)> = available
-                    .iter()
-                    .filter_map(|&name| Some((prefixed_index(prefix, name)?, name)))
-                    .collect();
-                found.sort();
-                if found.is_empty() {
-                    return Err(UnresolvedFeatures::NoneWithPrefix(prefix.clone()));
-                }
-                Ok(found.into_iter().map(|(_, n)| n.to_owned()).collect())
-            }
-        }
-    }
-}
-
-/// `N` when `name` is `PREFIX<N>` with N decimal digits (huge N sorts last).
-pub(crate) fn prefixed_index(prefix: &str, name: &str) -> Option<u128> {
-    let rest = name.strip_prefix(prefix)?;
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(rest.parse::<u128>().unwrap_or(u128::MAX))
 }
 
 /// Whether a column is read, and whether it must be there.
@@ -286,44 +210,215 @@ pub struct Table {
     pub metadata: BTreeMap<String, String>,
 }
 
-/// What a selected column is used for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Id,
-    Fold,
-    Task,
-    Output,
-    Feature,
-    Label,
+/// The columns of a file that make up a [`Table`], resolved and type-checked.
+struct TableColumns {
+    id: String,
+    features: Vec<String>,
+    label: Option<String>,
+    fold: Option<String>,
+    task: Option<String>,
+    output: Option<String>,
 }
 
-impl Role {
-    fn expected(self) -> &'static str {
-        match self {
-            Role::Id | Role::Fold | Role::Task | Role::Output => "an integer type (int8/16/32/64 or uint8/16/32)",
-            Role::Feature | Role::Label => "int32, int64, float32 or float64",
-        }
-    }
-
-    fn accepts(self, t: &DataType) -> bool {
-        use DataType::*;
-        match self {
-            Role::Id | Role::Fold | Role::Task | Role::Output => {
-                matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
+impl TableColumns {
+    /// `spec`'s columns in `schema`, by the column reader's rules.
+    fn resolve(spec: &ColumnSpec, schema: &Schema) -> Result<TableColumns, SchemaError> {
+        let optional = |column: &Column, role: Role| -> Result<Option<String>, SchemaError> {
+            match column {
+                Column::Required(n) => typed_column(schema, n, role).map(|_| Some(n.clone())),
+                Column::IfPresent(n) if schema.field_with_name(n).is_ok() => {
+                    typed_column(schema, n, role).map(|_| Some(n.clone()))
+                }
+                Column::IfPresent(_) | Column::Skip => Ok(None),
             }
-            Role::Feature | Role::Label => matches!(t, Int32 | Int64 | Float32 | Float64),
+        };
+        typed_column(schema, &spec.id, Role::Id)?;
+        let mut others = vec![spec.id.as_str()];
+        others.extend(
+            [&spec.label, &spec.fold, &spec.task, &spec.output]
+                .into_iter()
+                .filter_map(Column::name),
+        );
+        let features = feature_columns(&spec.features, schema, &others)?;
+        Ok(TableColumns {
+            id: spec.id.clone(),
+            label: optional(&spec.label, Role::Target)?,
+            fold: optional(&spec.fold, Role::Fold)?,
+            task: optional(&spec.task, Role::Task)?,
+            output: optional(&spec.output, Role::Output)?,
+            features,
+        })
+    }
+
+    /// Every column read.
+    fn names(&self) -> Vec<&str> {
+        let mut names = vec![self.id.as_str()];
+        names.extend(self.features.iter().map(String::as_str));
+        names.extend(
+            [&self.label, &self.fold, &self.task, &self.output]
+                .into_iter()
+                .flatten()
+                .map(String::as_str),
+        );
+        names
+    }
+}
+
+/// The rows read so far, column by column.
+struct Accumulated<'c> {
+    columns: &'c TableColumns,
+    path: &'c Path,
+    ids: Vec<i64>,
+    folds: Option<Vec<i8>>,
+    tasks: Option<Vec<i64>>,
+    outputs: Option<Vec<i64>>,
+    labels: Option<Vec<f64>>,
+    features: Vec<Vec<f64>>,
+    /// Rows before the next batch.
+    offset: usize,
+}
+
+impl<'c> Accumulated<'c> {
+    fn new(columns: &'c TableColumns, path: &'c Path, rows: usize) -> Self {
+        fn with<T>(column: &Option<String>, rows: usize) -> Option<Vec<T>> {
+            column.as_ref().map(|_| Vec::with_capacity(rows))
+        }
+        Accumulated {
+            ids: Vec::with_capacity(rows),
+            folds: with(&columns.fold, rows),
+            tasks: with(&columns.task, rows),
+            outputs: with(&columns.output, rows),
+            labels: with(&columns.label, rows),
+            features: columns.features.iter().map(|_| Vec::with_capacity(rows)).collect(),
+            offset: 0,
+            columns,
+            path,
+        }
+    }
+
+    /// Column `name` of `batch`, refused if it holds a null.
+    fn column(&self, batch: &RecordBatch, name: &str) -> Result<ArrayRef, TableError> {
+        let array = batch.column_by_name(name).ok_or_else(|| TableError::Read {
+            path: self.path.to_owned(),
+            source: ArrowError::SchemaError(format!("a batch without column `{name}`")),
+        })?;
+        if let Some(row) = (array.null_count() > 0)
+            .then(|| (0..array.len()).find(|&i| array.is_null(i)))
+            .flatten()
+        {
+            return Err(TableError::Null {
+                path: self.path.to_owned(),
+                column: name.to_owned(),
+                row: self.offset + row,
+            });
+        }
+        Ok(array.clone())
+    }
+
+    fn read_err(&self) -> impl Fn(ArrowError) -> TableError + '_ {
+        |source| TableError::Read {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+
+    /// Column `name` as `f64`.
+    fn numbers(&self, batch: &RecordBatch, name: &str) -> Result<Vec<f64>, TableError> {
+        let raw = self.column(batch, name)?;
+        Ok(to_f64(&raw).map_err(self.read_err())?.values().to_vec())
+    }
+
+    /// Column `name` as `i64`, each value checked by `fits`.
+    fn integers(
+        &self,
+        batch: &RecordBatch,
+        name: &str,
+        expected: &'static str,
+        fits: impl Fn(i64) -> bool,
+    ) -> Result<Vec<i64>, TableError> {
+        let raw = self.column(batch, name)?;
+        let values = to_i64(&raw).map_err(self.read_err())?;
+        let bad = first_unconverted(&raw, &values).or_else(|| values.values().iter().position(|&v| !fits(v)));
+        if let Some(row) = bad {
+            return Err(TableError::OutOfRange {
+                path: self.path.to_owned(),
+                column: name.to_owned(),
+                row: self.offset + row,
+                value: array_value_to_string(&raw, row).unwrap_or_default(),
+                expected,
+            });
+        }
+        Ok(values.values().to_vec())
+    }
+
+    fn push(&mut self, batch: &RecordBatch) -> Result<(), TableError> {
+        let c = self.columns;
+        let ids = self.integers(batch, &c.id, "an id in the range of int64", |_| true)?;
+        self.ids.extend(ids);
+        if let Some(name) = &c.fold {
+            let folds = self.integers(batch, name, "a fold number in -128..=127", |v| i8::try_from(v).is_ok())?;
+            if let Some(out) = self.folds.as_mut() {
+                out.extend(folds.into_iter().map(|v| v as i8));
+            }
+        }
+        if let Some(name) = &c.task {
+            let tasks = self.integers(batch, name, "a task number in the range of int64", |_| true)?;
+            self.tasks.get_or_insert_default().extend(tasks);
+        }
+        if let Some(name) = &c.output {
+            let outputs = self.integers(batch, name, "an output index in the range of int64", |_| true)?;
+            self.outputs.get_or_insert_default().extend(outputs);
+        }
+        for (k, name) in c.features.iter().enumerate() {
+            let values = self.numbers(batch, name)?;
+            self.features[k].extend(values);
+        }
+        if let Some(name) = &c.label {
+            let labels = self.numbers(batch, name)?;
+            self.labels.get_or_insert_default().extend(labels);
+        }
+        self.offset += batch.num_rows();
+        Ok(())
+    }
+
+    fn finish(self, metadata: BTreeMap<String, String>) -> Table {
+        let (n, d) = (self.ids.len(), self.features.len());
+        Table {
+            features: DMatrix::from_iterator(n, d, self.features.into_iter().flatten()),
+            feature_names: self.columns.features.clone(),
+            ids: self.ids,
+            folds: self.folds,
+            tasks: self.tasks,
+            outputs: self.outputs,
+            labels: self.labels,
+            metadata,
         }
     }
 }
 
-impl Table {
-    /// Read the columns `spec` names from the Parquet file at `path`.
-    pub fn read(path: impl AsRef<Path>, spec: &ColumnSpec) -> Result<Table, TableError> {
-        let path = path.as_ref();
+/// Batches of a file's selected columns, however the file is stored.
+type Batches = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>>>;
+
+/// An opened data file: its schema, its metadata, and how to read it.
+enum Opened {
+    Parquet(ParquetRecordBatchReaderBuilder<File>),
+    Csv(CsvInput),
+}
+
+impl Opened {
+    fn open(path: &Path) -> Result<Opened, TableError> {
         let file = File::open(path).map_err(|source| TableError::Open {
             path: path.to_owned(),
             source,
         })?;
+        if is_csv(path) {
+            return CsvInput::open(path, &file)
+                .map(Opened::Csv)
+                .map_err(|source| TableError::NotCsv {
+                    path: path.to_owned(),
+                    source,
+                });
+        }
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
         let not_parquet = |source| TableError::NotParquet {
             path: path.to_owned(),
@@ -331,166 +426,96 @@ impl Table {
         };
         let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_parquet)?;
         check_chunks(builder.metadata(), file_len).map_err(not_parquet)?;
+        Ok(Opened::Parquet(builder))
+    }
 
-        let metadata = builder
-            .metadata()
-            .file_metadata()
-            .key_value_metadata()
+    fn schema(&self) -> &Schema {
+        match self {
+            Opened::Parquet(builder) => builder.schema(),
+            Opened::Csv(csv) => csv.schema(),
+        }
+    }
+
+    /// The file's key-value metadata (CSV has none).
+    fn metadata(&self) -> BTreeMap<String, String> {
+        let Opened::Parquet(builder) = self else {
+            return BTreeMap::new();
+        };
+        let pairs = builder.metadata().file_metadata().key_value_metadata();
+        pairs
             .map(|kvs| {
                 kvs.iter()
                     .filter(|kv| kv.key != "ARROW:schema")
                     .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
 
-        let schema = builder.schema().clone();
-        let available: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-        let missing = |column: &str| TableError::MissingColumn {
+    /// About how many rows there are: only a capacity hint (a damaged
+    /// footer may claim any count).
+    fn rows_hint(&self) -> usize {
+        let rows = match self {
+            Opened::Parquet(builder) => u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0),
+            Opened::Csv(csv) => csv.rows(),
+        };
+        usize::try_from(rows).map_or(0, |n| n.min(1 << 20))
+    }
+
+    /// The rows of `columns` only, batch by batch.
+    fn batches(self, path: &Path, columns: &[&str]) -> Result<Batches, TableError> {
+        match self {
+            Opened::Parquet(builder) => {
+                let schema = builder.schema().clone();
+                let roots = (0..schema.fields().len()).filter(|&i| columns.contains(&schema.field(i).name().as_str()));
+                let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+                let mut reader = builder
+                    .with_projection(mask)
+                    .build()
+                    .map_err(|source| TableError::NotParquet {
+                        path: path.to_owned(),
+                        source,
+                    })?;
+                Ok(Box::new(std::iter::from_fn(move || next_batch(&mut reader))))
+            }
+            Opened::Csv(csv) => {
+                let reader = csv.batches(columns, 8192).map_err(|source| TableError::NotCsv {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                Ok(Box::new(reader))
+            }
+        }
+    }
+}
+
+impl Table {
+    /// Read the columns `spec` names from the file at `path`: Parquet, or
+    /// CSV with a header row when the name ends in `.csv`.
+    pub fn read(path: impl AsRef<Path>, spec: &ColumnSpec) -> Result<Table, TableError> {
+        let path = path.as_ref();
+        let opened = Opened::open(path)?;
+        let columns = TableColumns::resolve(spec, opened.schema()).map_err(|source| TableError::Schema {
             path: path.to_owned(),
-            column: column.to_owned(),
-            available: available.clone(),
-        };
-        let has = |name: &str| available.iter().any(|a| a == name);
-
-        // Decide which columns to read.
-        let names: Vec<&str> = available.iter().map(String::as_str).collect();
-        let feature_names = spec.features.resolve(&names).map_err(|e| match e {
-            UnresolvedFeatures::Missing(column) => missing(&column),
-            other => TableError::NoFeatures {
-                path: path.to_owned(),
-                wanted: other.wanted(),
-                available: available.clone(),
-            },
+            source,
         })?;
-        if !has(&spec.id) {
-            return Err(missing(&spec.id));
-        }
-        let optional = |c: &Column| -> Result<Option<String>, TableError> {
-            match c {
-                Column::Required(n) if !has(n) => Err(missing(n)),
-                Column::Required(n) => Ok(Some(n.clone())),
-                Column::IfPresent(n) => Ok(has(n).then(|| n.clone())),
-                Column::Skip => Ok(None),
-            }
-        };
-        let label = optional(&spec.label)?;
-        let fold = optional(&spec.fold)?;
-        let task = optional(&spec.task)?;
-        let output = optional(&spec.output)?;
-
-        let mut wanted: Vec<(&str, Role)> = vec![(spec.id.as_str(), Role::Id)];
-        if let Some(f) = &fold {
-            wanted.push((f, Role::Fold));
-        }
-        if let Some(t) = &task {
-            wanted.push((t, Role::Task));
-        }
-        if let Some(o) = &output {
-            wanted.push((o, Role::Output));
-        }
-        wanted.extend(feature_names.iter().map(|n| (n.as_str(), Role::Feature)));
-        if let Some(l) = &label {
-            wanted.push((l, Role::Label));
-        }
-        for &(name, role) in &wanted {
-            check_type(path, &schema, name, role)?;
-        }
-
-        // Read only those columns, batch by batch.
-        let roots: Vec<usize> = available
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| wanted.iter().any(|(w, _)| w == a))
-            .map(|(i, _)| i)
-            .collect();
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        // Only a capacity hint: a damaged footer may claim any count.
-        let n_rows = usize::try_from(builder.metadata().file_metadata().num_rows()).map_or(0, |n| n.min(1 << 20));
-        let mut reader = builder
-            .with_projection(mask)
-            .build()
-            .map_err(|source| TableError::NotParquet {
-                path: path.to_owned(),
-                source,
+        let (metadata, rows) = (opened.metadata(), opened.rows_hint());
+        let csv = matches!(opened, Opened::Csv(_));
+        let mut read = Accumulated::new(&columns, path, rows);
+        for batch in opened.batches(path, &columns.names())? {
+            let batch = batch.map_err(|source| match csv {
+                true => TableError::NotCsv {
+                    path: path.to_owned(),
+                    source,
+                },
+                false => TableError::Read {
+                    path: path.to_owned(),
+                    source,
+                },
             })?;
-
-        let mut ids: Vec<i64> = Vec::with_capacity(n_rows);
-        let mut folds: Option<Vec<i8>> = fold.as_ref().map(|_| Vec::with_capacity(n_rows));
-        let mut tasks: Option<Vec<i64>> = task.as_ref().map(|_| Vec::with_capacity(n_rows));
-        let mut outputs: Option<Vec<i64>> = output.as_ref().map(|_| Vec::with_capacity(n_rows));
-        let mut labels: Option<Vec<f64>> = label.as_ref().map(|_| Vec::with_capacity(n_rows));
-        let mut columns: Vec<Vec<f64>> = feature_names.iter().map(|_| Vec::with_capacity(n_rows)).collect();
-        let mut offset = 0usize;
-        while let Some(batch) = next_batch(&mut reader) {
-            let batch = batch.map_err(|source| TableError::Read {
-                path: path.to_owned(),
-                source,
-            })?;
-            let col = |name: &str| -> Result<ArrayRef, TableError> {
-                let array = batch.column_by_name(name).ok_or_else(|| missing(name))?;
-                if let Some(i) = (array.null_count() > 0)
-                    .then(|| (0..array.len()).find(|&i| array.is_null(i)))
-                    .flatten()
-                {
-                    return Err(TableError::Null {
-                        path: path.to_owned(),
-                        column: name.to_owned(),
-                        row: offset + i,
-                    });
-                }
-                Ok(array.clone())
-            };
-            let read_err = |source| TableError::Read {
-                path: path.to_owned(),
-                source,
-            };
-
-            let id = cast(&col(&spec.id)?, &DataType::Int64).map_err(read_err)?;
-            ids.extend_from_slice(id.as_primitive::<Int64Type>().values());
-            if let (Some(name), Some(folds)) = (&fold, folds.as_mut()) {
-                let f = cast(&col(name)?, &DataType::Int64).map_err(read_err)?;
-                for (i, &v) in f.as_primitive::<Int64Type>().values().iter().enumerate() {
-                    folds.push(i8::try_from(v).map_err(|_| TableError::BadFold {
-                        path: path.to_owned(),
-                        column: name.clone(),
-                        row: offset + i,
-                        value: v,
-                    })?);
-                }
-            }
-            if let (Some(name), Some(tasks)) = (&task, tasks.as_mut()) {
-                let t = cast(&col(name)?, &DataType::Int64).map_err(read_err)?;
-                tasks.extend_from_slice(t.as_primitive::<Int64Type>().values());
-            }
-            if let (Some(name), Some(outputs)) = (&output, outputs.as_mut()) {
-                let o = cast(&col(name)?, &DataType::Int64).map_err(read_err)?;
-                outputs.extend_from_slice(o.as_primitive::<Int64Type>().values());
-            }
-            for (name, out) in feature_names.iter().zip(columns.iter_mut()) {
-                let f = cast(&col(name)?, &DataType::Float64).map_err(read_err)?;
-                out.extend_from_slice(f.as_primitive::<Float64Type>().values());
-            }
-            if let (Some(name), Some(labels)) = (&label, labels.as_mut()) {
-                let f = cast(&col(name)?, &DataType::Float64).map_err(read_err)?;
-                labels.extend_from_slice(f.as_primitive::<Float64Type>().values());
-            }
-            offset += batch.num_rows();
+            read.push(&batch)?;
         }
-
-        let n = ids.len();
-        let d = feature_names.len();
-        let features = DMatrix::from_iterator(n, d, columns.into_iter().flatten());
-        Ok(Table {
-            ids,
-            folds,
-            tasks,
-            outputs,
-            features,
-            feature_names,
-            labels,
-            metadata,
-        })
+        Ok(read.finish(metadata))
     }
 
     /// Number of records (rows).
@@ -523,23 +548,6 @@ impl Table {
             labels: self.labels.as_ref().map(|l| rows.iter().map(|&r| l[r]).collect()),
             metadata: self.metadata.clone(),
         }
-    }
-}
-
-fn check_type(path: &Path, schema: &Schema, name: &str, role: Role) -> Result<(), TableError> {
-    // The caller has checked that the column exists.
-    let Ok(field) = schema.field_with_name(name) else {
-        return Ok(());
-    };
-    if role.accepts(field.data_type()) {
-        Ok(())
-    } else {
-        Err(TableError::WrongType {
-            path: path.to_owned(),
-            column: name.to_owned(),
-            found: field.data_type().clone(),
-            expected: role.expected(),
-        })
     }
 }
 

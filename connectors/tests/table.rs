@@ -5,10 +5,10 @@ mod common;
 use std::fs;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, StringArray};
+use arrow::array::{ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, StringArray, UInt64Array};
 use arrow::datatypes::DataType;
 use common::{data, temp_parquet};
-use dualgp_connectors::{shared_dir, Column, ColumnSpec, Table, TableError};
+use dualgp_connectors::{shared_dir, Column, ColumnSpec, SchemaError, Table, TableError};
 use parquet::file::properties::DEFAULT_MAX_ROW_GROUP_ROW_COUNT;
 
 /// The writer's default row groups: every file here fits in one.
@@ -104,13 +104,14 @@ fn missing_column_lists_the_columns() {
     let spec = ColumnSpec::default().with_label(Column::Required("target".into()));
     let err = Table::read(data("banana_train.parquet"), &spec).unwrap_err();
     assert!(
-        matches!(&err, TableError::MissingColumn { column, .. } if column == "target"),
+        matches!(&err, TableError::Schema { source: SchemaError::MissingColumn { column, .. }, .. } if column == "target"),
         "{err:?}"
     );
     let msg = err.to_string();
     assert!(msg.contains("no column `target`"), "{msg}");
     assert!(msg.contains("id, fold, x0, x1, y"), "{msg}");
     assert!(msg.contains("banana_train.parquet"), "{msg}");
+    assert!(msg.contains("name the target column with --target"), "{msg}");
     assert!(!msg.contains('\n'));
 
     let spec = ColumnSpec::default().with_features(["x0", "x7"]);
@@ -126,7 +127,16 @@ fn missing_column_lists_the_columns() {
 fn no_features() {
     let spec = ColumnSpec::default().with_feature_prefix("z");
     let err = Table::read(data("banana_train.parquet"), &spec).unwrap_err();
-    assert!(matches!(err, TableError::NoFeatures { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            TableError::Schema {
+                source: SchemaError::NoFeatures { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     let msg = err.to_string();
     assert!(msg.contains("z0") && msg.contains("x0, x1"), "{msg}");
 }
@@ -232,15 +242,45 @@ fn numeric_types_are_cast_and_others_refused() {
     let spec = ColumnSpec::default().with_features(["x0", "name"]);
     let err = Table::read(&path, &spec).unwrap_err();
     assert!(
-        matches!(&err, TableError::WrongType { column, found: DataType::Utf8, .. } if column == "name"),
+        matches!(&err, TableError::Schema { source: SchemaError::WrongType { column, found: DataType::Utf8, .. }, .. } if column == "name"),
         "{err:?}"
     );
     let msg = err.to_string();
     assert!(msg.contains("`name` has type Utf8"), "{msg}");
-    assert!(msg.contains("float64"), "{msg}");
+    assert!(msg.contains("expected a number") && msg.contains("--features"), "{msg}");
 
     let spec = ColumnSpec::default().with_label(Column::Required("name".into()));
-    assert!(matches!(Table::read(&path, &spec), Err(TableError::WrongType { .. })));
+    assert!(matches!(
+        Table::read(&path, &spec),
+        Err(TableError::Schema {
+            source: SchemaError::WrongType { .. },
+            ..
+        })
+    ));
+}
+
+#[test]
+fn integers_beyond_their_role_are_refused_with_column_row_and_value() {
+    let err = refusal(vec![
+        ("id", Arc::new(UInt64Array::from(vec![0, 1, u64::MAX]))),
+        ("x0", Arc::new(Float64Array::from(vec![0.0, 1.0, 2.0]))),
+        ("y", Arc::new(Float64Array::from(vec![0.0, 1.0, 2.0]))),
+    ]);
+    assert!(
+        matches!(&err, TableError::OutOfRange { column, row: 2, .. } if column == "id"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(&u64::MAX.to_string()), "{err}");
+    let err = refusal(vec![
+        ("id", Arc::new(Int64Array::from(vec![0, 1]))),
+        ("fold", Arc::new(Int64Array::from(vec![3, 200]))),
+        ("x0", Arc::new(Float64Array::from(vec![0.0, 1.0]))),
+        ("y", Arc::new(Float64Array::from(vec![0.0, 1.0]))),
+    ]);
+    assert!(
+        err.to_string().contains("value 200 at row 1") && err.to_string().contains("fold number"),
+        "{err}"
+    );
 }
 
 #[test]

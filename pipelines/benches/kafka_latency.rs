@@ -3,7 +3,9 @@
 //! records/s, against a real Kafka-protocol broker (tansu) on 127.0.0.1.
 //!
 //! First the broker alone: the same paced producer, and a consumer of the
-//! input topic itself, for the round trip that is not serve's. Each setup
+//! input topic itself (one hop); then two hops: a relay consumes the input
+//! and produces it unchanged to an output topic that the consumer reads, the
+//! broker's share of serve's own round trip. Each setup
 //! gets a fresh broker (in memory, it slows as it holds more: at 10 000
 //! records/s its own round trip grows through a run of 60 s).
 //! For each serve configuration (the default model flags with m = 100, and a
@@ -29,7 +31,7 @@
 //! ```
 //!
 //! About nine minutes at 60 s a row; wall-clock numbers from one run on a shared machine, so
-//! noisy. `KAFKA_LATENCY_ONLY='light;default'` runs only the setups named so,
+//! noisy. `KAFKA_LATENCY_RATE` sets the rate; `KAFKA_LATENCY_ONLY='light;default'` runs only the setups named so,
 //! and `KAFKA_LATENCY_SERVE_FLAGS` adds flags to every serve. Only `cargo bench` (which passes `--bench`) runs it: under
 //! `cargo test --all-targets` it returns at once.
 
@@ -62,8 +64,11 @@ use serde_json::{json, Value};
 
 /// Features per record.
 const D: usize = 8;
-/// Records per second, produced at a steady pace.
-const RATE: f64 = 10_000.0;
+/// Records per second, produced at a steady pace: `KAFKA_LATENCY_RATE`, 10 000 by default.
+fn rate() -> f64 {
+    let given = std::env::var("KAFKA_LATENCY_RATE").ok().and_then(|s| s.parse().ok());
+    given.unwrap_or(10_000.0)
+}
 /// Records produced (and awaited) before the clock starts.
 const WARMUP: usize = 2000;
 /// How long the measured stream lasts: `KAFKA_LATENCY_SECONDS`, 60 by default.
@@ -74,7 +79,7 @@ fn measured_span() -> Duration {
 
 /// Records in the measured stream.
 fn measured() -> usize {
-    (RATE * measured_span().as_secs_f64()) as usize
+    (rate() * measured_span().as_secs_f64()) as usize
 }
 /// Input partitions: one per serve worker.
 const PARTITIONS: usize = 2;
@@ -94,25 +99,35 @@ const SERVE_FLAGS: &[&str] = &[
     "gaussian",
     "--batch-size",
     "1000",
-    "--batch-timeout-ms",
-    "100",
-    "--workers",
-    "2",
     "--idle-exit",
     IDLE_EXIT,
 ];
 
+/// Two workers, an epoch every 100 ms at most (serve's defaults are one worker and 1 000 ms).
+const TWO_WORKERS: &[&str] = &["--batch-timeout-ms", "100", "--workers", "2"];
+
 struct Setup {
     name: &'static str,
-    /// `None`: no serve, the consumer reads the input topic itself, so the
-    /// latency is the broker's own round trip at the same rate.
-    serve: Option<ServeFlags>,
+    kind: Kind,
+}
+
+/// What stands between the producer and the measuring consumer.
+enum Kind {
+    /// Nothing: the consumer reads the input topic itself (one hop).
+    BrokerAlone,
+    /// A relay that consumes the input topic and produces each message
+    /// unchanged to the output topic, which the consumer reads: the broker's
+    /// share of serve's round trip (two hops), at the same rate.
+    TwoHops,
+    Serve(ServeFlags),
 }
 
 /// What one serve configuration adds to [`SERVE_FLAGS`].
 struct ServeFlags {
     /// `--scoring`: on-arrival (serve's default) or prequential.
     scoring: &'static str,
+    /// Workers and epoch timeout ([`TWO_WORKERS`], or none for serve's defaults).
+    workers: &'static [&'static str],
     model_flags: &'static [&'static str],
 }
 
@@ -130,50 +145,55 @@ const LIGHT: &[&str] = &[
     "50",
 ];
 
+/// A serve setup: `name`, `--scoring`, workers flags, model flags.
+const fn serve(
+    name: &'static str,
+    scoring: &'static str,
+    workers: &'static [&'static str],
+    model_flags: &'static [&'static str],
+) -> Setup {
+    Setup {
+        name,
+        kind: Kind::Serve(ServeFlags {
+            scoring,
+            workers,
+            model_flags,
+        }),
+    }
+}
+
+const M100: &[&str] = &["--inducing", "100"];
+
 const SETUPS: &[Setup] = &[
     Setup {
         name: "broker alone",
-        serve: None,
+        kind: Kind::BrokerAlone,
     },
+    Setup {
+        name: "broker, two hops",
+        kind: Kind::TwoHops,
+    },
+    // serve as a new user starts it: one worker, epochs of up to 1 000 ms.
+    serve("serve's defaults", "on-arrival", &[], M100),
     // The default schedule (a re-learning L-BFGS M-step that moves the
     // inducing inputs; up to 16 epochs in flight, as many as one update learns).
-    Setup {
-        name: "default",
-        serve: Some(ServeFlags {
-            scoring: "on-arrival",
-            model_flags: &["--inducing", "100"],
-        }),
-    },
-    Setup {
-        name: "default, 64 in flight",
-        serve: Some(ServeFlags {
-            scoring: "on-arrival",
-            model_flags: &["--inducing", "100", "--epochs-in-flight", "64"],
-        }),
-    },
+    serve("default", "on-arrival", TWO_WORKERS, M100),
+    serve(
+        "default, 64 in flight",
+        "on-arrival",
+        TWO_WORKERS,
+        &["--inducing", "100", "--epochs-in-flight", "64"],
+    ),
     // Reading waits once the learner is 2 epochs behind (replay's default).
-    Setup {
-        name: "default, 2 in flight",
-        serve: Some(ServeFlags {
-            scoring: "on-arrival",
-            model_flags: &["--inducing", "100", "--epochs-in-flight", "2"],
-        }),
-    },
-    Setup {
-        name: "light",
-        serve: Some(ServeFlags {
-            scoring: "on-arrival",
-            model_flags: LIGHT,
-        }),
-    },
+    serve(
+        "default, 2 in flight",
+        "on-arrival",
+        TWO_WORKERS,
+        &["--inducing", "100", "--epochs-in-flight", "2"],
+    ),
+    serve("light", "on-arrival", TWO_WORKERS, LIGHT),
     // Each epoch waits for the previous epoch's update, as before scoring on arrival.
-    Setup {
-        name: "light, prequential",
-        serve: Some(ServeFlags {
-            scoring: "prequential",
-            model_flags: LIGHT,
-        }),
-    },
+    serve("light, prequential", "prequential", TWO_WORKERS, LIGHT),
 ];
 
 /// The input stream as JSON messages, indexed by id: y = sin(x0) + 0.5 x1 + noise.
@@ -190,7 +210,7 @@ fn messages(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// Sends `messages[first..first + count]` at `RATE` per second, round-robin
+/// Sends `messages[first..first + count]` at [`rate`] per second, round-robin
 /// over the input partitions, for at most `limit`. Returns each sent record's
 /// send instant, in id order.
 fn produce_paced(
@@ -209,10 +229,11 @@ fn produce_paced(
         .create()
         .expect("a producer");
     let mut sent = Vec::with_capacity(count);
+    let rate = rate();
     let start = Instant::now();
     while sent.len() < count && start.elapsed() < limit {
         // Catch up to the schedule: sleeping is coarser than 100 µs.
-        let due = ((start.elapsed().as_secs_f64() * RATE) as usize + 1).min(count);
+        let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(count);
         while sent.len() < due {
             let id = first + sent.len();
             let key = id.to_string();
@@ -229,13 +250,66 @@ fn produce_paced(
             }
         }
         producer.poll(Duration::ZERO);
-        let next = start + Duration::from_secs_f64(sent.len() as f64 / RATE);
+        let next = start + Duration::from_secs_f64(sent.len() as f64 / rate);
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
         }
     }
     producer.flush(Duration::from_secs(30)).expect("all records delivered");
     sent
+}
+
+/// Consumes `input` from the start and produces each message, key and
+/// payload unchanged, to `output`'s one partition, as serve's reader and
+/// writer would, until the consumer's plan is set and nothing has come for [`QUIET`].
+fn relay(address: &str, input: &str, output: &str, plan: &Plan) {
+    let consumer = from_the_start(
+        address,
+        input,
+        PARTITIONS,
+        "kafka-latency-relay",
+        &[("fetch.wait.max.ms", "10")],
+    );
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("linger.ms", "5")
+        .create()
+        .expect("the relay's producer");
+    let mut last_message = Instant::now();
+    let give_up = Instant::now() + WARMUP_WAIT + 2 * measured_span() + DRAIN;
+    while Instant::now() < give_up {
+        let ended = plan.lock().unwrap().map(|(_, ended)| ended);
+        if ended.is_some_and(|ended| ended.elapsed().min(last_message.elapsed()) >= QUIET) {
+            break;
+        }
+        producer.poll(Duration::ZERO);
+        let Some(message) = consumer.poll(Duration::from_millis(10)) else {
+            continue;
+        };
+        let message = message.expect("reading the input");
+        last_message = Instant::now();
+        let mut record: BaseRecord<[u8], [u8]> = BaseRecord::to(output).partition(0);
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        if let Some(payload) = message.payload() {
+            record = record.payload(payload);
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                // A full queue: deliver some, then try again.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    producer.poll(Duration::from_millis(1));
+                    record = back;
+                }
+                Err((e, _)) => panic!("cannot relay to `{output}`: {e}"),
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("the relayed messages delivered");
 }
 
 /// What the consumer saw: the first receive instant of each id's prediction.
@@ -395,6 +469,7 @@ impl Serve {
         let stderr = File::create(dir.path().join("stderr")).unwrap();
         let child = common::serve_command(address, input, output)
             .args(SERVE_FLAGS)
+            .args(flags.workers)
             .args(["--scoring", flags.scoring])
             .args(flags.model_flags)
             .args(extra_serve_flags())
@@ -466,16 +541,21 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let plan: Plan = Arc::new(Mutex::new(None));
     let consumer = {
         let (address, warm, plan) = (address.to_owned(), Arc::clone(&warm), Arc::clone(&plan));
-        let (read, field) = match setup.serve {
-            Some(_) => ((output.clone(), 1), "mean"),
-            None => ((input.clone(), PARTITIONS), "y"),
+        let (read, field) = match setup.kind {
+            Kind::Serve(_) => ((output.clone(), 1), "mean"),
+            Kind::TwoHops => ((output.clone(), 1), "y"),
+            Kind::BrokerAlone => ((input.clone(), PARTITIONS), "y"),
         };
         thread::spawn(move || consume(&address, (&read.0, read.1), field, &warm, &plan))
     };
-    let mut serve = setup
-        .serve
-        .as_ref()
-        .map(|flags| Serve::start(address, &input, &output, flags));
+    let mut serve = match &setup.kind {
+        Kind::Serve(flags) => Some(Serve::start(address, &input, &output, flags)),
+        _ => None,
+    };
+    let relay = matches!(setup.kind, Kind::TwoHops).then(|| {
+        let (address, input, output, plan) = (address.to_owned(), input.clone(), output.clone(), Arc::clone(&plan));
+        thread::spawn(move || relay(&address, &input, &output, &plan))
+    });
 
     produce_paced(address, &input, messages, 0, WARMUP, Duration::from_secs(10));
     let waiting = Instant::now();
@@ -511,6 +591,9 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     };
     *plan.lock().unwrap() = Some((sends.len(), Instant::now()));
     let received = consumer.join().expect("the consumer thread");
+    if let Some(relay) = relay {
+        relay.join().expect("the relay thread");
+    }
     let serve_says = serve
         .as_mut()
         .map(|serve| serve.finish(Duration::from_secs(30)))
@@ -528,7 +611,7 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
         .filter(|&i| arrivals[i].is_none())
         .map(|i| WARMUP + i)
         .collect();
-    let lost_but_on_topic = if missing.is_empty() || setup.serve.is_none() {
+    let lost_but_on_topic = if missing.is_empty() || matches!(setup.kind, Kind::BrokerAlone) {
         0
     } else {
         recount(address, &output, &missing)
@@ -562,14 +645,16 @@ fn measure(address: &str, setup: &Setup, messages: &Arc<Vec<String>>) -> Value {
     let p50_first_second = window(first_send, first_send + second);
     let p50_last_second = window(last_send - second, last_send + Duration::from_millis(1));
 
-    let flags: Vec<&str> = match &setup.serve {
-        Some(serve) => SERVE_FLAGS
+    let flags: Vec<&str> = match &setup.kind {
+        Kind::Serve(serve) => SERVE_FLAGS
             .iter()
+            .chain(serve.workers)
             .chain(&["--scoring", serve.scoring])
             .chain(serve.model_flags)
             .copied()
             .collect(),
-        None => vec!["(no serve: the input topic read back)"],
+        Kind::BrokerAlone => vec!["(no serve: the input topic read back)"],
+        Kind::TwoHops => vec!["(no serve: the input relayed unchanged to the output topic)"],
     };
     json!({
         "name": setup.name,
@@ -631,7 +716,8 @@ fn main() {
         .collect();
 
     println!(
-        "\nKafka round trip of `dualgp serve` at {RATE} records/s for {:?} (2 workers, d = {D}):\n",
+        "\nKafka round trip of `dualgp serve` at {} records/s for {:?} (d = {D}):\n",
+        rate(),
         measured_span()
     );
     println!("| config | flags | measured | lost | p50 ms | p90 ms | p99 ms | max ms | p50 first → last s, ms | produced/s | predictions/s | drain s |");
@@ -679,7 +765,7 @@ fn main() {
     }
 
     let json = json!({
-        "rate_per_s": RATE,
+        "rate_per_s": rate(),
         "measure_s": measured_span().as_secs_f64(),
         "warmup_records": WARMUP,
         "features": D,

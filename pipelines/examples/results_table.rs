@@ -8,7 +8,7 @@
 //! Usage: results_table RESULTS_DIR OUT.md COMMAND DATE
 //!
 //! Only the tables above [`BY_HAND`] are written: what OUT.md holds from
-//! that line on (the sessions' own sections) is kept as it is.
+//! that line on (the dated sections written by hand) is kept as it is.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

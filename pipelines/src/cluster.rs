@@ -14,6 +14,7 @@ use crate::model_args::check_workers;
 /// Timely's first port when no hostfile is given (`localhost:2101`, `2102`, …).
 const FIRST_DEFAULT_PORT: u16 = 2101;
 
+/// The flags that make a process one of a timely cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ClusterArgs {
     /// Processes in the timely cluster (timely's `-n`); start each with its own `--process`.

@@ -37,13 +37,17 @@ pub fn generate(n: usize, noise: f64, rng: &mut ChaCha8Rng) -> Data {
     Data::new(x, y).expect("generated data are finite")
 }
 
+/// What the demo did: the replay's figures, the plots, and the model's held-out scores.
 pub struct DemoReport {
     /// The stream as `replay` saw it: prequential figures per epoch.
     pub replay: ReplayReport,
     /// The plots written.
     pub plots: Vec<PathBuf>,
+    /// The model after the last epoch.
     pub model: SequentialLearner,
+    /// Its NLPD on held-out points of the field.
     pub test_nlpd: f64,
+    /// Its RMSE there.
     pub test_rmse: f64,
 }
 
@@ -59,6 +63,7 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
     write_stream(&data, &train)?;
     let args = ReplayArgs {
         data,
+        columns: Default::default(),
         output: dir.path().join("predictions.parquet"),
         likelihood: "gaussian".into(),
         latents: None,
@@ -75,6 +80,8 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
         dead_letters: None,
         epochs_in_flight: 2,
         scoring: Default::default(),
+        warm_start: None,
+        save_model: None,
     };
     let outcome = replay::run(&args, |_, _| {})?.context("one process writes its own outcome")?;
     let model = outcome.learner.context("the stream taught the model nothing")?;

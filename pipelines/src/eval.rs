@@ -8,20 +8,26 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dualgp_connectors::{ColumnSpec, Table};
+use dualgp_connectors::Table;
 use dualgp_operators::model::dual::objective::named_hyperparameters;
 use dualgp_operators::model::{Data, Likelihood, Metrics, MultiOutput, StreamingLearner};
 use nalgebra::DVector;
 use serde::Serialize;
 
+use crate::column_args::ColumnArgs;
 use crate::model_args::{check_workers, Method, ModelArgs};
-use crate::protocol::{fold_split, prepare, Order, Prepared, Split};
+use crate::protocol::{fold_split, prepare, Order, Prepared, Split, Standardizer};
+use crate::saved_model::SavedModel;
 
 /// `dualgp eval`'s flags: the data and protocol here, the model in [`ModelArgs`].
 #[derive(Debug, Clone, Args)]
 pub struct EvalArgs {
+    /// The data: a Parquet file, or CSV with a header row (a name ending in `.csv`).
     #[arg(long)]
     pub data: PathBuf,
+    /// Which columns are the id, the features, the target and the output.
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     /// A separate test file (otherwise --fold).
     #[arg(long, conflicts_with = "fold")]
     pub test: Option<PathBuf>,
@@ -35,13 +41,16 @@ pub struct EvalArgs {
     /// Shared latent GPs of a multi-output model (default: one per output)
     #[arg(long)]
     pub latents: Option<usize>,
+    /// The learner.
     #[arg(long, value_enum, default_value = "dual-memory")]
     pub method: Method,
+    /// Batches the training rows are cut into, learned in turn.
     #[arg(long, default_value_t = 10)]
     pub batches: usize,
     /// id | shuffle:SEED | sorted:COLUMN
     #[arg(long, default_value = "id")]
     pub order: String,
+    /// How the learner learns.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Threads dual-memory's updates and the offline fit run on (their
@@ -49,18 +58,28 @@ pub struct EvalArgs {
     /// bit, for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Where the JSON report goes.
     #[arg(long)]
     pub report: PathBuf,
+    /// Save the learned model (dual-memory), with the training rows'
+    /// standardisation, for `serve --model` or `replay --model`.
+    #[arg(long, value_name = "FILE")]
+    pub save_model: Option<PathBuf>,
 }
 
+/// The figures after one batch.
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchReport {
+    /// The batch, from 1.
     pub batch: usize,
+    /// Training rows learned so far.
     pub n_seen: u64,
+    /// Seconds the batch's update took.
     pub seconds: f64,
     /// Inducing inputs after the batch (VAR-GP's grow by `--inducing` a task).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inducing: Option<usize>,
+    /// The test figures after the batch.
     #[serde(flatten)]
     pub scores: TestScores,
 }
@@ -68,13 +87,18 @@ pub struct BatchReport {
 /// The model's figures on the test set, and on each of its tasks.
 #[derive(Debug, Clone, Serialize)]
 pub struct TestScores {
+    /// Mean negative log predictive density.
     pub test_nlpd: f64,
+    /// RMSE of the predictive mean (real labels).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_rmse: Option<f64>,
+    /// Accuracy (classes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
+    /// The same per task.
     #[serde(flatten)]
     pub by_task: ByTask,
+    /// The same per output.
     #[serde(flatten)]
     pub by_output: ByOutput,
 }
@@ -96,10 +120,13 @@ impl TestScores {
 /// Empty for a single-output model.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ByOutput {
+    /// NLPD per output.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub test_nlpd_by_output: BTreeMap<String, f64>,
+    /// RMSE per output with real labels.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub test_rmse_by_output: BTreeMap<String, f64>,
+    /// Accuracy per output with classes.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub test_accuracy_by_output: BTreeMap<String, f64>,
 }
@@ -132,32 +159,46 @@ impl ByOutput {
 /// such a column.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ByTask {
+    /// NLPD per task.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub test_nlpd_by_task: BTreeMap<String, f64>,
+    /// RMSE per task (real labels).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub test_rmse_by_task: BTreeMap<String, f64>,
+    /// Accuracy per task (classes).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub test_accuracy_by_task: BTreeMap<String, f64>,
 }
 
+/// The figures after the last batch.
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalReport {
+    /// The test figures.
     #[serde(flatten)]
     pub scores: TestScores,
+    /// Seconds of learning, all batches.
     pub seconds_total: f64,
     /// The learned kernel and likelihood hyperparameters by name.
     pub hyperparameters: BTreeMap<String, f64>,
 }
 
+/// `dualgp eval`'s JSON report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The learner (`--method`).
     pub method: String,
+    /// The data file.
     pub data: String,
+    /// The test fold, when the test rows are a fold of the data.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fold: Option<i8>,
+    /// `--likelihood` as given.
     pub likelihood: String,
+    /// `--order` as given.
     pub order: String,
+    /// The figures after each batch.
     pub batches: Vec<BatchReport>,
+    /// The figures at the end.
     #[serde(rename = "final")]
     pub final_: FinalReport,
 }
@@ -169,8 +210,14 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     let multi = matches!(likelihood, Likelihood::MultiOutput(_));
     let settings = args.model.settings()?;
     check_workers(args.workers)?;
+    if args.save_model.is_some() && args.method != Method::DualMemory {
+        bail!(
+            "--save-model saves the dual-memory learner `serve` runs, not {}: drop --method or --save-model",
+            args.method.name()
+        );
+    }
     let order: Order = args.order.parse()?;
-    let spec = ColumnSpec::default();
+    let spec = args.columns.spec()?;
     let table = Table::read(&args.data, &spec)?;
     let split = match (&args.test, args.fold) {
         (Some(test), None) => Split::new(table, Table::read(test, &spec)?)?,
@@ -188,7 +235,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
     }
     // A multi-output model's targets are standardised output by output (in `datasets`).
     let prepared = prepare(&split, &order, args.batches, regression && !multi)?;
-    let (train, test) = datasets(&prepared, &likelihood)?;
+    let (train, test, y_by_output) = datasets(&prepared, &likelihood)?;
     let tasks = TestTasks::new(split.test.tasks.as_deref(), &test);
     let likelihood = settings.likelihood(likelihood);
     let kernel = settings.model_kernel(prepared.x_train.ncols(), &likelihood);
@@ -199,10 +246,24 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         streaming @ (Method::DualMemory | Method::Osgpr | Method::VarGp) => {
             // The learners share m (VAR-GP: m a task).
             let first_rows = settings.first_inducing(train.x());
-            let mut learner =
-                settings.streaming_learner(streaming, kernel, likelihood.clone(), first_rows, args.workers)?;
+            // Dual-memory's learner is kept as what it is, for --save-model.
+            let (mut dual, mut other) = (None, None);
+            let learner: &mut dyn StreamingLearner = match streaming {
+                Method::DualMemory => {
+                    dual.insert(settings.sequential_learner(kernel, likelihood.clone(), first_rows, args.workers)?)
+                }
+                _ => other
+                    .insert(settings.streaming_learner(
+                        streaming,
+                        kernel,
+                        likelihood.clone(),
+                        first_rows,
+                        args.workers,
+                    )?)
+                    .as_mut(),
+            };
             let metrics = stream(
-                learner.as_mut(),
+                learner,
                 &prepared,
                 &train,
                 (&test, &tasks),
@@ -212,7 +273,21 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             )?;
             let last = batches.last().map(|b| b.scores.clone());
             let (by_task, by_output) = last.map(|s| (s.by_task, s.by_output)).unwrap_or_default();
-            (metrics, by_task, by_output, learner.hyperparameters())
+            let hyperparameters = learner.hyperparameters();
+            if let (Some(path), Some(learner)) = (&args.save_model, dual) {
+                let scaling = Standardizer {
+                    y_by_output,
+                    ..prepared.standardizer.clone()
+                };
+                let epoch = batches.len() as u64 - 1;
+                SavedModel {
+                    learner,
+                    scaling,
+                    epoch,
+                }
+                .save(path)?;
+            }
+            (metrics, by_task, by_output, hyperparameters)
         }
         Method::Offline => {
             let started = Instant::now();
@@ -301,7 +376,12 @@ fn stream(
     last.context("no batches to learn from")
 }
 
-fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {
+/// Each output's target scaling `(mean, sd)`, in output order.
+type OutputScaling = Vec<(f64, f64)>;
+
+/// The training and test data, and a multi-output model's target scaling of
+/// each output (empty for a single-output model: `prepare` scaled its target).
+fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data, OutputScaling)> {
     let fits = |what: &str, data: &Data| {
         data.check(data.d(), likelihood).map_err(|e| {
             anyhow::anyhow!(
@@ -318,14 +398,15 @@ fn datasets(p: &Prepared, likelihood: &Likelihood) -> Result<(Data, Data)> {
         outputs("test", &p.test_outputs, p.y_test.len())?,
     );
     let (mut y_train, mut y_test) = (p.y_train.clone(), p.y_test.clone());
+    let mut y_by_output = Vec::new();
     if let Likelihood::MultiOutput(multi) = likelihood {
-        standardise_by_output(multi, (&mut y_train, &train_outputs), (&mut y_test, &test_outputs));
+        y_by_output = standardise_by_output(multi, (&mut y_train, &train_outputs), (&mut y_test, &test_outputs));
     }
     let train = Data::for_model(likelihood, p.x_train.clone(), y_train, train_outputs).context("training data")?;
     let test = Data::for_model(likelihood, p.x_test.clone(), y_test, test_outputs).context("test data")?;
     fits("training", &train)?;
     fits("test", &test)?;
-    Ok((train, test))
+    Ok((train, test, y_by_output))
 }
 
 /// The `output` column as indices `0..D`: all 0 without the column; a
@@ -347,12 +428,13 @@ fn output_indices(given: Option<&[i64]>, n: usize, outputs: usize) -> Result<Vec
 /// Standardises the targets of each Gaussian or Student-t output with the
 /// training rows' mean and standard deviation of that output (counts and
 /// classes stay as they are), as the single-output protocol does for its
-/// one regression target.
+/// one regression target; each output's `(mean, sd)`, `(0, 1)` where unscaled.
 fn standardise_by_output(
     multi: &MultiOutput,
     (train, train_outputs): (&mut DVector<f64>, &[usize]),
     (test, test_outputs): (&mut DVector<f64>, &[usize]),
-) {
+) -> OutputScaling {
+    let mut scaling = vec![(0.0, 1.0); multi.n_outputs()];
     for (d, lik) in multi.outputs.iter().enumerate() {
         if !matches!(lik, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. }) {
             continue;
@@ -367,6 +449,7 @@ fn standardise_by_output(
         let mean = own.iter().sum::<f64>() / own.len() as f64;
         let sd = (own.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / own.len() as f64).sqrt();
         let sd = if sd > 0.0 { sd } else { 1.0 };
+        scaling[d] = (mean, sd);
         for (y, &o) in train
             .iter_mut()
             .zip(train_outputs)
@@ -377,6 +460,7 @@ fn standardise_by_output(
             }
         }
     }
+    scaling
 }
 
 /// The test rows of each task, in task order (none without a `task` column).

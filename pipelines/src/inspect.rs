@@ -11,11 +11,15 @@ use serde::Serialize;
 /// A checkpoint's model in a few numbers.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelSummary {
+    /// The file or directory read.
     pub checkpoint: String,
+    /// The checkpoint's format version.
     pub format_version: u32,
     /// The last epoch the model has learned.
     pub epoch: u64,
+    /// The kernel's family and parts, in words.
     pub kernel: String,
+    /// The likelihood, in words.
     pub likelihood: String,
     /// Kernel and likelihood hyperparameters by name, on their natural scale.
     pub hyperparameters: Vec<(String, f64)>,
@@ -23,8 +27,11 @@ pub struct ModelSummary {
     pub inducing: usize,
     /// Input dimension, once known.
     pub features: Option<usize>,
+    /// Points in the memory.
     pub memory: usize,
+    /// Records learned.
     pub records_seen: u64,
+    /// Epochs learned.
     pub batches: u64,
     /// Each worker's source position when the checkpoint was taken.
     pub positions: serde_json::Value,

@@ -3,8 +3,11 @@
 //! [`protocol`] turns a data [`Table`](dualgp_connectors::Table) into the
 //! standardised, ordered, batched arrays an evaluation protocol feeds a learner.
 
+#![warn(missing_docs)]
+
 pub mod cli;
 pub mod cluster;
+pub mod column_args;
 pub mod demo;
 pub mod eval;
 pub mod inspect;
@@ -14,6 +17,7 @@ pub mod pipeline;
 pub mod protocol;
 pub mod replay;
 pub mod report;
+pub mod saved_model;
 pub mod serve;
 pub mod suggest;
 pub mod toys;

@@ -1,12 +1,11 @@
 //! The `dualgp` command.
 
 use anyhow::Context;
-use clap::Parser;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use dualgp_operators::model::StreamingLearner;
-use dualgp_pipelines::cli::{causes_once, one_line, Cli, Command};
+use dualgp_pipelines::cli::{causes_once, one_line_for, parse_from, subcommand_of, Cli, Command};
 use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve, suggest};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -17,11 +16,15 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
-    let cli = Cli::try_parse().unwrap_or_else(|e| {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = parse_from(&args).unwrap_or_else(|e| {
         if !e.use_stderr() {
             e.exit() // --help and --version
         }
-        eprintln!("dualgp: {}", one_line(&e.to_string()));
+        eprintln!(
+            "dualgp: {}",
+            one_line_for(&e.to_string(), subcommand_of(&args).as_deref())
+        );
         std::process::exit(2);
     });
     if let Err(err) = run(cli) {
@@ -112,9 +115,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             workers,
             cluster,
+            columns,
             model,
         } => {
-            let job = pipeline::PipelineConfig::read(&config)?.job(workers, &cluster, &model)?;
+            let job = pipeline::PipelineConfig::read(&config)?
+                .with_columns(&columns)
+                .job(workers, &cluster, &model)?;
             println!("{}", pipeline::run(&job, stop_on_signals()?)?);
             Ok(())
         }
@@ -145,19 +151,8 @@ fn score(rmse: Option<f64>, accuracy: Option<f64>) -> String {
 /// Serves until SIGINT or SIGTERM (then finishes the epoch, checkpoints and
 /// commits) or `--idle-exit`.
 fn serve(args: &serve::ServeArgs) -> anyhow::Result<()> {
-    let s = serve::run(args, stop_on_signals()?)?;
-    let committed = match (args.cluster.writes_outputs(), s.committed_epoch) {
-        (true, Some(e)) => format!("offsets committed through epoch {e}"),
-        (true, None) => "no offsets committed".into(),
-        (false, _) => format!(
-            "process {} of {}: process 0 checkpoints and commits",
-            args.cluster.process, args.cluster.processes
-        ),
-    };
-    println!(
-        "dualgp serve: {} records scored, {} predictions sent, {} dead letters, {} updates over {} epochs ({} failed); {committed}",
-        s.records, s.predictions, s.dead_letters, s.updates, s.epochs, s.failed_updates
-    );
+    let summary = serve::run(args, stop_on_signals()?)?;
+    println!("dualgp serve: {}", summary.line(&args.cluster));
     Ok(())
 }
 

@@ -17,12 +17,17 @@ use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Registry, TextEn
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// Records read.
     pub records_in: IntCounter,
+    /// Predictions delivered.
     pub predictions_out: IntCounter,
+    /// Records sent to the dead-letter topic.
     pub dead_letters: IntCounter,
+    /// Updates applied.
     pub updates: IntCounter,
     /// Updates that failed, the model left as it was (see `reduce_stage`).
     pub updates_failed: IntCounter,
+    /// Epochs read (the most any worker has read).
     pub epochs: IntCounter,
     /// The most epochs any worker has read: workers raise `epochs` to it
     /// without a lock.
@@ -75,10 +80,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Records how long an epoch took from its first record to its predictions.
     pub fn observe_epoch_latency(&self, seconds: f64) {
         self.epoch_latency.observe(seconds);
     }
 
+    /// Records a prediction's staleness: epochs its model had not learned.
     pub fn observe_staleness(&self, epochs: u64) {
         self.staleness.observe(epochs as f64);
     }

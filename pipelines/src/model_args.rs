@@ -12,6 +12,7 @@ use dualgp_operators::model::{
 use nalgebra::DMatrix;
 use serde::Deserialize;
 
+/// Named sets of model settings, under the flags given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Preset {
@@ -34,6 +35,7 @@ pub enum Method {
 }
 
 impl Method {
+    /// The name `--method` takes and reports carry.
     pub fn name(self) -> &'static str {
         match self {
             Method::DualMemory => "dual-memory",
@@ -44,28 +46,39 @@ impl Method {
     }
 }
 
+/// `--kernel`: the stationary kernel, or a linear one alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum KernelName {
+    /// Matérn 5/2: twice differentiable functions.
     Matern52,
+    /// Matérn 3/2: once differentiable functions.
     Matern32,
+    /// Matérn 1/2: continuous, rough functions.
     Matern12,
+    /// Squared exponential: infinitely smooth functions.
     Rbf,
     /// `σ² xᵀx` alone: Bayesian linear regression (with softmax, multinomial logistic).
     Linear,
 }
 
+/// `--inducing-policy`: where the inducing inputs come from as batches arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InducingPolicyName {
+    /// Chosen from the first batch, then kept.
     Fixed,
+    /// Pivoted Cholesky over the current ones and each new batch.
     Pivoted,
 }
 
+/// `--inducing-pivot`: how pivoted Cholesky picks inducing inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PivotName {
+    /// The point of largest residual variance.
     Variance,
+    /// The point that most reduces the residual variance summed over the data.
     Trace,
 }
 
@@ -93,13 +106,17 @@ pub enum VarGpThetaName {
     Posterior,
 }
 
+/// `--m-optimizer`: the M-step's optimiser.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimizerName {
+    /// Adam, a fixed number of steps.
     Adam,
+    /// L-BFGS, to convergence or the iteration budget.
     Lbfgs,
 }
 
+/// `--m-past`: how the M-step stands for past data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PastName {
@@ -165,11 +182,15 @@ impl TryFrom<String> for SampleName {
     }
 }
 
+/// `--memory-policy`: which points the memory keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryPolicyName {
+    /// By Bayesian leverage score: the points the model is least sure of.
     Bls,
+    /// Uniformly at random.
     Random,
+    /// No memory.
     None,
 }
 
@@ -178,8 +199,10 @@ pub enum MemoryPolicyName {
 #[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelArgs {
+    /// Start from a named set of settings; other flags override it.
     #[arg(long)]
     pub preset: Option<Preset>,
+    /// The stationary kernel (default matern52).
     #[arg(long)]
     pub kernel: Option<KernelName>,
     /// One lengthscale per input (`--ard`, `--ard true`) or one for all (`--ard
@@ -199,8 +222,10 @@ pub struct ModelArgs {
     /// The lengthscale(s) to start from (default √d, or 1 with the reference preset).
     #[arg(long)]
     pub lengthscale: Option<f64>,
+    /// Inducing inputs (default 100; VAR-GP: each task's).
     #[arg(long)]
     pub inducing: Option<usize>,
+    /// Where the inducing inputs come from as batches arrive.
     #[arg(long)]
     pub inducing_policy: Option<InducingPolicyName>,
     /// How pivoted Cholesky picks inducing inputs: largest residual variance
@@ -212,8 +237,10 @@ pub struct ModelArgs {
     /// where the inducing policy put them (dual-memory; true|false).
     #[arg(long)]
     pub learn_inducing: Option<bool>,
+    /// Points of each batch that join the memory.
     #[arg(long)]
     pub memory_per_batch: Option<usize>,
+    /// Which points the memory keeps.
     #[arg(long)]
     pub memory_policy: Option<MemoryPolicyName>,
     /// Bound the memory: alone, a reservoir over the whole stream, uniform
@@ -308,9 +335,13 @@ pub struct Settings {
     pub family: Option<Family>,
     /// One lengthscale per input; `None`: up to [`ARD_MAX_INPUTS`] inputs.
     pub ard: Option<bool>,
+    /// Add a constant kernel.
     pub bias: bool,
+    /// Add a linear kernel.
     pub linear: bool,
+    /// The Gaussian noise variance to start from.
     pub noise: f64,
+    /// `--method dual-memory`'s settings.
     pub sequential: SequentialConfig,
     /// `--method osgpr`: `--m-steps` are L-BFGS iterations, `--e-steps` and
     /// `--e-lr` bound the natural-gradient steps for a non-Gaussian `q(b)`.
@@ -326,9 +357,10 @@ pub struct Settings {
     pub conjugate_m_step: bool,
     /// The reference keeps `Z` at the first `m` train rows.
     pub z_first_rows: bool,
-    /// The stationary part's starting variance and lengthscale; `None`:
-    /// √d, the scale of distances between standardised inputs.
+    /// The stationary part's starting variance.
     pub kernel_variance: f64,
+    /// The stationary part's starting lengthscale; `None`: √d, the scale of
+    /// distances between standardised inputs.
     pub lengthscale: Option<f64>,
 }
 
@@ -770,14 +802,7 @@ impl Settings {
         threads: usize,
     ) -> Result<Box<dyn StreamingLearner>> {
         Ok(match method {
-            Method::DualMemory => {
-                let config = self.sequential_for(&likelihood);
-                let learner = SequentialLearner::new(kernel, likelihood, config)?.on_threads(threads);
-                Box::new(match z {
-                    Some(z) => learner.with_inducing(z)?,
-                    None => learner,
-                })
-            }
+            Method::DualMemory => Box::new(self.sequential_learner(kernel, likelihood, z, threads)?),
             Method::Osgpr => {
                 let learner = OsgprLearner::new(kernel, likelihood, self.osgpr.clone())?;
                 Box::new(match z {
@@ -792,6 +817,22 @@ impl Settings {
                 Box::new(VarGpLearner::new(kernel, likelihood, self.var_gp.clone())?)
             }
             Method::Offline => bail!("--method offline learns all data at once, not a stream"),
+        })
+    }
+
+    /// `--method dual-memory`'s learner, as [`streaming_learner`](Self::streaming_learner) makes it.
+    pub fn sequential_learner(
+        &self,
+        kernel: Kernel,
+        likelihood: Likelihood,
+        z: Option<DMatrix<f64>>,
+        threads: usize,
+    ) -> Result<SequentialLearner> {
+        let config = self.sequential_for(&likelihood);
+        let learner = SequentialLearner::new(kernel, likelihood, config)?.on_threads(threads);
+        Ok(match z {
+            Some(z) => learner.with_inducing(z)?,
+            None => learner,
         })
     }
 

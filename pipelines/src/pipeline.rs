@@ -13,10 +13,12 @@ use dualgp_operators::dataflow::Scoring;
 use serde::Deserialize;
 
 use crate::cluster::ClusterArgs;
+use crate::column_args::ColumnArgs;
 use crate::model_args::ModelArgs;
 use crate::replay::ReplayArgs;
 use crate::serve::ServeArgs;
 
+/// A pipeline file (`dualgp run --config`): one source, the model, the sinks.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
@@ -28,6 +30,7 @@ pub struct PipelineConfig {
     /// A multi-output model's predictions also hold every output's predictive.
     #[serde(default)]
     pub predict_all_outputs: bool,
+    /// Dataflow worker threads per process.
     #[serde(default = "one")]
     pub workers: usize,
     /// Epochs read ahead of the learner at most (default: as `replay` for
@@ -40,9 +43,17 @@ pub struct PipelineConfig {
     /// `serve --learn-in-background`, default false).
     #[serde(default)]
     pub learn_in_background: Option<bool>,
+    /// Where records come from.
     pub source: Source,
+    /// Which columns (or JSON fields) are the id, the features, the target
+    /// and the output: the column flags' names (`id`, `features`, `target`,
+    /// `output_column`); flags given on the command line override them.
+    #[serde(default)]
+    pub columns: ColumnArgs,
+    /// The model flags, by their long names.
     #[serde(default)]
     pub model: ModelArgs,
+    /// Where results go.
     #[serde(default)]
     pub sinks: Sinks,
 }
@@ -51,25 +62,36 @@ pub struct PipelineConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Source {
+    /// A backtest of a Parquet (or CSV) file, as `dualgp replay`.
     Parquet {
+        /// The file.
         path: PathBuf,
+        /// Rows per epoch.
         #[serde(default = "thousand")]
         batch_size: u64,
     },
+    /// A Kafka topic served, as `dualgp serve`.
     Kafka {
+        /// `host:port[,host:port…]`.
         brokers: String,
+        /// The input topic.
         topic: String,
+        /// Records per epoch and worker.
         #[serde(default = "thousand")]
         batch_size: u64,
+        /// An epoch also ends after this long.
         #[serde(default = "thousand")]
         batch_timeout_ms: u64,
+        /// The consumer group offsets are committed under.
         #[serde(default = "dualgp")]
         group_id: String,
         /// librdkafka settings passed through (TLS, SASL).
         #[serde(default)]
         options: BTreeMap<String, String>,
+        /// Seconds to wait for the brokers before giving up.
         #[serde(default = "thirty")]
         broker_timeout: f64,
+        /// Stop once no worker has had input for this many seconds.
         idle_exit: Option<f64>,
         /// Prometheus metrics on 127.0.0.1:PORT.
         metrics_port: Option<u16>,
@@ -81,10 +103,15 @@ pub enum Source {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Sinks {
+    /// The predictions file (a Parquet source).
     pub predictions: Option<PathBuf>,
+    /// The output topic (a Kafka source).
     pub topic: Option<String>,
+    /// The dead-letter file (a Parquet source).
     pub dead_letters: Option<PathBuf>,
+    /// The JSON report (a Parquet source).
     pub report: Option<PathBuf>,
+    /// Checkpoints after every update (a Kafka source).
     pub checkpoint_dir: Option<PathBuf>,
 }
 
@@ -103,11 +130,14 @@ fn dualgp() -> String {
 
 /// The command a pipeline file amounts to.
 pub enum Job {
+    /// A Parquet source: a replay.
     Replay(ReplayArgs),
+    /// A Kafka source: serving.
     Serve(ServeArgs),
 }
 
 impl PipelineConfig {
+    /// Reads and parses the file at `path`; a parse error is one line.
     pub fn read(path: &Path) -> Result<PipelineConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         // toml's messages span lines; the command's errors are one line.
@@ -122,12 +152,20 @@ impl PipelineConfig {
         })
     }
 
+    /// The file's columns with the column flags given on the command line
+    /// (`--id`, `--features`, `--target`, `--output-column`) taking precedence.
+    pub fn with_columns(mut self, flags: &ColumnArgs) -> PipelineConfig {
+        self.columns = self.columns.overridden_by(flags);
+        self
+    }
+
     /// The job, with `workers` and the model flags given on the command line
     /// taking precedence; `cluster` (flags only: each process has its own
     /// `--process`) says which process of the cluster this is.
     pub fn job(&self, workers: Option<usize>, cluster: &ClusterArgs, model: &ModelArgs) -> Result<Job> {
         let workers = workers.unwrap_or(self.workers);
         let model = self.model.overridden_by(model);
+        let columns = self.columns.clone();
         let sinks = &self.sinks;
         Ok(match &self.source {
             Source::Parquet { path, batch_size } => {
@@ -141,6 +179,7 @@ impl PipelineConfig {
                 }
                 Job::Replay(ReplayArgs {
                     data: path.clone(),
+                    columns,
                     output,
                     likelihood: self.likelihood.clone(),
                     latents: self.latents,
@@ -153,6 +192,8 @@ impl PipelineConfig {
                     dead_letters: sinks.dead_letters.clone(),
                     epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::replay::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::Prequential),
+                    warm_start: None,
+                    save_model: None,
                 })
             }
             Source::Kafka {
@@ -176,6 +217,7 @@ impl PipelineConfig {
                     brokers: brokers.clone(),
                     input_topic: topic.clone(),
                     output_topic,
+                    columns,
                     likelihood: self.likelihood.clone(),
                     latents: self.latents,
                     predict_all_outputs: self.predict_all_outputs,
@@ -194,6 +236,10 @@ impl PipelineConfig {
                     learn_in_background: self.learn_in_background.unwrap_or(false),
                     metrics_port: *metrics_port,
                     metrics_host: std::net::IpAddr::from([127, 0, 0, 1]),
+                    warm_start: None,
+                    create_topics: false,
+                    progress: crate::serve::PROGRESS_SECONDS,
+                    quiet: false,
                 })
             }
         })
@@ -276,6 +322,39 @@ mod tests {
             panic!("a Kafka source is a serve");
         };
         assert_eq!((args.latents, args.predict_all_outputs), (None, false));
+    }
+
+    /// A pipeline file's `[columns]` reach replay and serve; the column
+    /// flags override them one by one.
+    #[test]
+    fn a_pipeline_files_columns_pass_on_and_flags_override_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        let text = "likelihood = \"gaussian\"\n[source.parquet]\npath = \"a.csv\"\n\
+                    [columns]\nid = \"key\"\nfeatures = [\"a\", \"b\"]\ntarget = \"target\"\n\
+                    [sinks]\npredictions = \"p.parquet\"\n";
+        std::fs::write(&path, text).unwrap();
+        let flags = ColumnArgs {
+            target: Some("t2".into()),
+            ..ColumnArgs::default()
+        };
+        let config = PipelineConfig::read(&path).unwrap().with_columns(&flags);
+        let Job::Replay(args) = config
+            .job(None, &ClusterArgs::default(), &ModelArgs::default())
+            .unwrap()
+        else {
+            panic!("a Parquet source is a replay");
+        };
+        let expected = ColumnArgs {
+            id: Some("key".into()),
+            features: Some("a,b".into()),
+            target: Some("t2".into()),
+            output_column: None,
+        };
+        assert_eq!(args.columns, expected);
+        std::fs::write(&path, text.replace("target = ", "label = ")).unwrap();
+        let err = PipelineConfig::read(&path).unwrap_err().to_string();
+        assert!(err.contains("label") && !err.contains('\n'), "{err}");
     }
 
     #[test]

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dualgp_connectors::{
-    ColumnMapping, Counters, DeadLetter, DeadLetterWriter, EpochPart, EpochRule, Origin, ParquetPosition,
-    ParquetSource, ParquetSourceConfig, PredictionColumns, PredictionWriter, ReasonKind, WorkerShare,
+    Counters, DeadLetter, DeadLetterWriter, EpochPart, EpochRule, Origin, ParquetPosition, ParquetSource,
+    ParquetSourceConfig, PredictionColumns, PredictionWriter, ReasonKind, WorkerShare,
 };
 use dualgp_operators::dataflow::{GpOptions, GpStreams, ModelUpdate, Prediction, Record, Rejected, Scoring};
 use dualgp_operators::model::{Likelihood, Predictive, SequentialLearner, StreamingLearner};
@@ -30,18 +30,25 @@ use timely::dataflow::{InputHandleVec, ProbeHandle, Scope, StreamVec};
 use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
+use crate::column_args::ColumnArgs;
 use crate::model_args::ModelArgs;
 use crate::protocol::Standardizer;
+use crate::saved_model::SavedModel;
 use crate::wiring::{self, fresh_learner, Ends, Start};
 
 /// `--epochs-in-flight`'s default: a backtest's records wait in the file,
 /// so few epochs need to be held read ahead.
 pub const EPOCHS_IN_FLIGHT: u64 = 2;
 
+/// `dualgp replay`'s flags.
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
+    /// The rows to replay: a Parquet file, or CSV with a header row (a name ending in `.csv`).
     #[arg(long)]
     pub data: PathBuf,
+    /// Which columns are the id, the features, the target and the output.
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     /// Predictions: one row per input row (`id`, `epoch`, `mean`/`var` or class probabilities).
     #[arg(long)]
     pub output: PathBuf,
@@ -62,8 +69,10 @@ pub struct ReplayArgs {
     /// Dataflow worker threads (per process); the output is the same for any count.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// The timely cluster this process is part of.
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// How the model learns.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prequential metrics and throughput as JSON.
@@ -80,28 +89,45 @@ pub struct ReplayArgs {
     /// same on any number of workers; on-arrival: as `serve` scores (timing-dependent).
     #[arg(long, default_value_t = Scoring::Prequential)]
     pub scoring: Scoring,
+    /// Start from this model, and its standardisation, instead of the prior:
+    /// a file `--save-model` wrote, or a checkpoint; the epochs go on from the model's.
+    #[arg(long = "model", value_name = "FILE")]
+    pub warm_start: Option<PathBuf>,
+    /// Save the model after the last epoch, with its standardisation, for
+    /// `serve --model` (going live after a backtest).
+    #[arg(long, value_name = "FILE")]
+    pub save_model: Option<PathBuf>,
 }
 
+/// `dualgp replay`'s JSON report.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
+    /// The data file.
     pub data: String,
+    /// `--likelihood` as given.
     pub likelihood: String,
     /// Worker threads per process.
     pub workers: usize,
     /// Processes of the timely cluster (1: one process).
     pub processes: usize,
+    /// Epochs replayed.
     pub epochs: u64,
     /// Rows scored (one output row each).
     pub records: u64,
+    /// Rows that could not be used.
     pub dead_letters: u64,
     /// Dead letters by reason (`non_finite`, `invalid_label`, …).
     pub dead_letter_reasons: BTreeMap<ReasonKind, u64>,
+    /// Wall-clock seconds of the replay.
     pub seconds: f64,
+    /// Rows scored per second.
     pub records_per_second: f64,
     /// Mean negative log predictive density of the labelled rows, each scored before it was learned.
     pub prequential_nlpd: f64,
+    /// The same rows' RMSE (real labels).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prequential_rmse: Option<f64>,
+    /// The same rows' accuracy (classes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prequential_accuracy: Option<f64>,
     /// A multi-output model's prequential NLPD of each output's labelled
@@ -122,18 +148,25 @@ pub struct ReplayReport {
 /// The hyperparameters the update of `epoch` ended with.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpochHyperparameters {
+    /// The epoch.
     pub epoch: u64,
+    /// The hyperparameters by name.
     pub values: BTreeMap<String, f64>,
 }
 
 /// One epoch's labelled rows, each scored before the model learned from it.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpochScore {
+    /// The epoch.
     pub epoch: u64,
+    /// Its labelled rows.
     pub labelled: u64,
+    /// Their mean negative log predictive density.
     pub nlpd: f64,
+    /// Their RMSE (real labels).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rmse: Option<f64>,
+    /// Their accuracy (classes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
 }
@@ -141,8 +174,11 @@ pub struct EpochScore {
 /// A replay's report, the model after the last epoch (on standardised data)
 /// and the standardisation between the two.
 pub struct ReplayOutcome {
+    /// The report.
     pub report: ReplayReport,
+    /// The model after the last update, if there was one.
     pub learner: Option<SequentialLearner>,
+    /// Between the data's scale and the model's.
     pub scaling: Standardizer,
     /// Kernel and likelihood hyperparameters after each update, by name.
     pub hyperparameters: Vec<(u64, Vec<(String, f64)>)>,
@@ -225,6 +261,8 @@ struct Plan {
     source: ParquetSourceConfig,
     start: Start,
     scaling: Standardizer,
+    /// The number of the file's first epoch (after a warm start's model's).
+    first_epoch: u64,
 }
 
 /// What worker 0 ends with: what it gathered, and the sinks it wrote to.
@@ -246,13 +284,27 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         bail!("--epochs-in-flight 0: allow at least one epoch in flight");
     }
     let source = ParquetSourceConfig {
-        mapping: ColumnMapping::for_likelihood(&likelihood),
+        mapping: args.columns.mapping(&likelihood)?,
         epochs: EpochRule::Rows(args.batch_size),
         ..ParquetSourceConfig::default()
     };
     let (first, d, n_epochs) = first_epoch(&args.data, &source)?;
-    let scaling = Standardizer::fit_records(&first, d, &likelihood);
-    let learner = fresh_learner(&settings, likelihood.clone(), &first, &scaling)?;
+    let (scaling, learner, learned_through) = match &args.warm_start {
+        Some(path) => {
+            let model = SavedModel::load(path)?;
+            model.check_fits(path, &likelihood, Some(d))?;
+            (model.scaling, model.learner, Some(model.epoch))
+        }
+        None => {
+            let scaling = Standardizer::fit_records(&first, d, &likelihood);
+            let learner = fresh_learner(&settings, likelihood.clone(), &first, &scaling)?;
+            (scaling, learner, None)
+        }
+    };
+    // A warm start's epochs go on from the model's.
+    let first_epoch = learned_through.map_or(0, |e| e + 1);
+    let mut progress = progress;
+    let progress = move |done: u64, total| progress(done - first_epoch, total);
     let sinks = match args.cluster.writes_outputs() {
         true => Some(Sinks::create(args, &likelihood, n_epochs, Box::new(progress))?),
         false => None,
@@ -265,11 +317,13 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
             options: GpOptions {
                 scoring: args.scoring,
                 predict_all_outputs: args.predict_all_outputs,
+                learned_through,
                 ..GpOptions::new(d)
             },
             epochs_in_flight: args.epochs_in_flight,
         },
         scaling: scaling.clone(),
+        first_epoch,
     };
 
     let started = Instant::now();
@@ -313,6 +367,20 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
     if let Some(path) = &args.report {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
+    if let Some(path) = &args.save_model {
+        let (Some(learner), Some((epoch, _))) = (&gathered.last_model, gathered.hyperparameters.last()) else {
+            bail!(
+                "--save-model {}: no epoch was learned (no labelled rows), so there is no model to save",
+                path.display()
+            );
+        };
+        let model = SavedModel {
+            learner: learner.clone(),
+            scaling: scaling.clone(),
+            epoch: *epoch,
+        };
+        model.save(path)?;
     }
     Ok(Some(ReplayOutcome {
         report,
@@ -396,12 +464,20 @@ impl<'p> ParquetEnds<'p> {
                 self.source.insert(opened.map_err(|e| e.to_string())?)
             }
         };
-        source.next_epoch().map_err(|e| e.to_string())
+        let first = self.plan.first_epoch;
+        let part = source.next_epoch().map_err(|e| e.to_string())?;
+        Ok(part.map(|part| EpochPart {
+            epoch: part.epoch + first,
+            ..part
+        }))
     }
 
     /// Sends one epoch's part: records standardised, the rest as notes.
     fn send(&mut self, part: EpochPart<ParquetPosition>, records: &mut InputHandleVec<u64, Record>) {
         let notes = self.notes.as_mut().expect("open until the records are");
+        // At their epoch already, but for a warm start's first.
+        records.advance_to(part.epoch);
+        notes.advance_to(part.epoch);
         for letter in &part.dead_letters {
             notes.send(match serde_json::to_string(letter) {
                 Ok(json) => ReaderNote::DeadLetter {

@@ -285,10 +285,15 @@ fn draw_key<DB: DrawingBackend>(
 /// One line of [`quartile_curves`]: a median and its quartiles at each `x`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Curve {
+    /// The legend's label.
     pub name: String,
+    /// Where the line is drawn.
     pub x: Vec<f64>,
+    /// The median at each `x`.
     pub median: Vec<f64>,
+    /// The lower quartile at each `x`.
     pub lower: Vec<f64>,
+    /// The upper quartile at each `x`.
     pub upper: Vec<f64>,
 }
 

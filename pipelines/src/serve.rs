@@ -26,18 +26,20 @@ mod commits;
 mod kafka_ends;
 mod opening;
 mod signals;
+mod telling;
 
-use std::path::{Path, PathBuf};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dualgp_connectors::kafka::{create_topic, dlq_topic, topic_partitions};
+use dualgp_connectors::kafka::{create_topic, dlq_topic, topic_partitions, topic_partitions_noting, Waiting};
 use dualgp_connectors::{
-    ColumnMapping, DeadLetterProducer, KafkaConnection, KafkaPosition, KafkaSource, KafkaSourceConfig,
-    PredictionProducer, StartOffset, WorkerShare,
+    DeadLetterProducer, KafkaConnection, KafkaError, KafkaPosition, KafkaSource, KafkaSourceConfig, PredictionProducer,
+    StartOffset, WorkerShare,
 };
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, GpOptions, Record, Scoring};
 use dualgp_operators::model::Likelihood;
@@ -45,12 +47,15 @@ use serde::Serialize;
 use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
+use crate::column_args::ColumnArgs;
 use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{ModelArgs, Settings};
 use crate::protocol::Standardizer;
+use crate::saved_model::{read_scaling, write_scaling, SavedModel};
 use crate::wiring::{self, fresh_learner, Start};
 use kafka_ends::{Equipment, KafkaEnds, Serving, WorkerOutcome};
 use opening::{share_opening, Opening, Word};
+use telling::{say, Epochs, ModelFrom, PeerWait, Progress, StartLine, Tally};
 
 /// `--epochs-in-flight`'s default. One update learns every epoch in flight,
 /// so a learner that falls behind catches up in fewer, larger updates. (64
@@ -59,15 +64,24 @@ use opening::{share_opening, Opening, Word};
 /// more tightly.)
 pub const EPOCHS_IN_FLIGHT: u64 = 16;
 
+/// `--progress`'s default: seconds between progress lines.
+pub const PROGRESS_SECONDS: f64 = 10.0;
+
+/// `dualgp serve`'s flags.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// `host:port[,host:port…]`
     #[arg(long)]
     pub brokers: String,
+    /// The topic records are read from.
     #[arg(long)]
     pub input_topic: String,
+    /// The topic predictions are written to.
     #[arg(long)]
     pub output_topic: String,
+    /// Which JSON fields (or Arrow IPC columns) are the id, the features, the target and the output.
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
     /// comma-separated list, one per output (messages then carry `"output": d`)
     #[arg(long)]
@@ -85,6 +99,7 @@ pub struct ServeArgs {
     /// An epoch also ends after this long.
     #[arg(long, default_value_t = 1000)]
     pub batch_timeout_ms: u64,
+    /// Dataflow worker threads (per process).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// A timely cluster: every process serves its workers' share of the partitions.
@@ -93,6 +108,7 @@ pub struct ServeArgs {
     /// Stop cleanly once no worker (of any process) has had input for this many seconds.
     #[arg(long)]
     pub idle_exit: Option<f64>,
+    /// How the model learns.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Checkpoints after every update; a restart resumes from the newest.
@@ -127,6 +143,21 @@ pub struct ServeArgs {
     /// The address the metrics endpoint binds to.
     #[arg(long, default_value = "127.0.0.1")]
     pub metrics_host: std::net::IpAddr,
+    /// Start from this model instead of the prior: a file `replay` or `eval`
+    /// wrote with `--save-model`, or a checkpoint (file or directory). A
+    /// checkpoint in `--checkpoint-dir` is newer and wins.
+    #[arg(long = "model", value_name = "FILE")]
+    pub warm_start: Option<PathBuf>,
+    /// Create the input topic if it does not exist (one partition per
+    /// worker of the cluster), instead of waiting for it.
+    #[arg(long)]
+    pub create_topics: bool,
+    /// Seconds between progress lines on stderr.
+    #[arg(long, value_name = "SECONDS", default_value_t = PROGRESS_SECONDS)]
+    pub progress: f64,
+    /// No start line and no progress lines on stderr (waits and errors are still said).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -135,23 +166,75 @@ fn key_value(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
-/// What a run did, when it stopped.
+/// What a run did, when it stopped (this process's counts).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ServeSummary {
+    /// Records read and scored.
     pub records: u64,
+    /// Predictions delivered to the output topic.
     pub predictions: u64,
+    /// Messages and records sent to the dead-letter topic.
     pub dead_letters: u64,
+    /// Epochs read, empty ones included (an epoch also ends after
+    /// `--batch-timeout-ms`, records or not).
     pub epochs: u64,
     /// Updates applied in this run.
     pub updates: u64,
     /// Updates that failed in this run (the model stayed as it was).
     pub failed_updates: u64,
+    /// The newest epoch checkpointed (process 0).
     pub last_checkpoint: Option<u64>,
+    /// The newest epoch whose offsets commit the broker acknowledged (process 0).
     pub committed_epoch: Option<u64>,
+    /// The first and last epoch this run read.
+    pub epochs_read: Option<(u64, u64)>,
+    /// The first and last epoch that brought records (or dead letters): the
+    /// epochs the predictions carry.
+    pub epochs_with_records: Option<(u64, u64)>,
+    /// The newest epoch an update of this run learned (process 0).
+    pub learned_through: Option<u64>,
 }
 
-/// The first epoch's standardisation, kept beside the checkpoints.
-pub(crate) const SCALING_FILE: &str = "scaling.json";
+impl ServeSummary {
+    /// The line serve ends with, on process `cluster.process` of the cluster.
+    pub fn line(&self, cluster: &ClusterArgs) -> String {
+        let alone = cluster.processes == 1;
+        let scored = match self.epochs_with_records {
+            Some((a, b)) if a == b => format!(" in epoch {a}"),
+            Some((a, b)) => format!(" in epochs {a}–{b}"),
+            None => String::new(),
+        };
+        let learned = match self.learned_through {
+            Some(e) => format!(", the model learned through epoch {e}"),
+            None => String::new(),
+        };
+        let committed = match (cluster.writes_outputs(), self.committed_epoch) {
+            (true, Some(c)) => {
+                // The first epoch of those after the last that brought records.
+                let quiet_from = match (self.epochs_with_records, self.epochs_read) {
+                    (Some((_, b)), _) => Some(b + 1),
+                    (None, read) => read.map(|(a, _)| a),
+                };
+                let note = match (self.epochs_with_records, quiet_from) {
+                    (Some((_, b)), _) if c < b => "; records read after it are read again on a restart".into(),
+                    (_, Some(f)) if alone && f == c => format!(" (epoch {c} brought no records)"),
+                    (_, Some(f)) if alone && f < c => format!(" (epochs {f}–{c} brought no records)"),
+                    _ => String::new(),
+                };
+                format!("offsets committed through epoch {c}{note}")
+            }
+            (true, None) => "no offsets committed".into(),
+            (false, _) => format!(
+                "process {} of {}: process 0 checkpoints and commits",
+                cluster.process, cluster.processes
+            ),
+        };
+        format!(
+            "{} records scored{scored}, {} predictions sent, {} dead letters; {} updates ({} failed){learned}; {committed}",
+            self.records, self.predictions, self.dead_letters, self.updates, self.failed_updates
+        )
+    }
+}
 
 /// Serves until `stop` is set (SIGINT/SIGTERM), `--idle-exit`, or an error.
 /// In a cluster every process serves its workers' share of the partitions;
@@ -170,39 +253,16 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     if args.epochs_in_flight == 0 {
         bail!("--epochs-in-flight 0: allow at least one epoch in flight");
     }
-    let mut conn = KafkaConnection::new(&args.brokers).with_timeout(Duration::from_secs_f64(args.broker_timeout));
-    for (k, v) in &args.kafka_options {
-        conn = conn.with_option(k, v);
+    if !args.progress.is_finite() || args.progress <= 0.0 {
+        bail!("--progress must be above 0 seconds (--quiet for no progress lines)");
     }
-    topic_partitions(&conn, &args.input_topic)?;
-    let leads = args.cluster.writes_outputs();
-    if leads {
-        create_topic(&conn, &args.output_topic, 1)?;
-        create_topic(&conn, &dlq_topic(&args.input_topic), 1)?;
-    }
-    let config = KafkaSourceConfig {
-        connection: conn.clone(),
-        topic: args.input_topic.clone(),
-        group_id: args.group_id.clone(),
-        mapping: ColumnMapping::for_likelihood(&likelihood),
-        epoch_records: args.batch_size,
-        epoch_ms: args.batch_timeout_ms,
-        start: StartOffset::Committed,
-        ..KafkaSourceConfig::default()
-    };
-    // Process 0 alone reads the checkpoint directory; the others hear from it.
-    let (word, store) = match leads {
-        true => {
-            let (word, store) = decide_opening(args, &config, &settings, likelihood, &stop)?;
-            (Some(word), store)
-        }
-        false => (None, None),
-    };
-
+    // The metrics answer from the start, before any wait for the broker, the
+    // topic or the first record.
     let serving = Serving {
         metrics: Metrics::default(),
         stop,
         idle_exit: args.idle_exit,
+        tally: Arc::new(Tally::new(&args.brokers, args.broker_timeout)),
     };
     let endpoint = match args.metrics_port {
         Some(port) => {
@@ -212,6 +272,63 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
             Some(endpoint)
         }
         None => None,
+    };
+    let mut conn = KafkaConnection::new(&args.brokers).with_timeout(Duration::from_secs_f64(args.broker_timeout));
+    for (k, v) in &args.kafka_options {
+        conn = conn.with_option(k, v);
+    }
+    let partitions = find_input(&conn, args)?;
+    let leads = args.cluster.writes_outputs();
+    if leads {
+        create_topic(&conn, &args.output_topic, 1)?;
+        create_topic(&conn, &dlq_topic(&args.input_topic), 1)?;
+    }
+    let config = KafkaSourceConfig {
+        connection: conn.clone(),
+        topic: args.input_topic.clone(),
+        group_id: args.group_id.clone(),
+        mapping: args.columns.mapping(&likelihood)?,
+        epoch_records: args.batch_size,
+        epoch_ms: args.batch_timeout_ms,
+        start: StartOffset::Committed,
+        ..KafkaSourceConfig::default()
+    };
+    // Process 0 alone reads the checkpoint directory; the others hear from it.
+    let beginning = match leads {
+        true => Some(Beginning::read(args, &likelihood)?),
+        false => None,
+    };
+    let addresses = match &timely_config.communication {
+        timely::CommunicationConfig::Cluster { addresses, .. } => addresses.clone(),
+        _ => Vec::new(),
+    };
+    if !args.quiet {
+        say(StartLine {
+            brokers: &args.brokers,
+            input: &args.input_topic,
+            output: &args.output_topic,
+            dead_letters: &dlq_topic(&args.input_topic),
+            partitions: &partitions,
+            workers: (args.cluster.process * args.workers, args.workers),
+            peers: args.cluster.processes * args.workers,
+            checkpoint_dir: args.checkpoint_dir.as_deref(),
+            model: beginning
+                .as_ref()
+                .map_or(ModelFrom::ProcessZero, |b| b.model_from(args)),
+            metrics: endpoint.as_ref().map(|e| e.addr()),
+            progress: Some(args.progress),
+        });
+    }
+    let progress = (!args.quiet).then(|| {
+        let every = Duration::from_secs_f64(args.progress);
+        Progress::start(every, serving.metrics.clone(), Arc::clone(&serving.tally))
+    });
+    let (word, store) = match beginning {
+        Some(beginning) => {
+            let (word, store) = beginning.opening(args, &config, &settings, likelihood, &serving.stop)?;
+            (Some(word), store)
+        }
+        None => (None, None),
     };
     // This process's producers, opened before the cluster so that a failure
     // is an error here, not one worker missing from the dataflow.
@@ -232,7 +349,13 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         leader: Mutex::new(Some((word, store))),
         producers: Mutex::new(producers),
     };
-    let joined = wiring::execute(timely_config, move |worker| serve_worker(worker, &plan));
+    let peers = PeerWait::start(args.cluster.process, &addresses);
+    let formed = peers.formed();
+    let joined = wiring::execute(timely_config, move |worker| {
+        formed.store(true, Ordering::SeqCst);
+        serve_worker(worker, &plan)
+    });
+    drop((peers, progress));
     if let Some(endpoint) = endpoint {
         endpoint.stop();
     }
@@ -241,16 +364,68 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         bail!("{e}");
     }
     let metrics = &serving.metrics;
+    let Epochs {
+        read,
+        with_records,
+        learned_through,
+    } = serving.tally.epochs();
     Ok(ServeSummary {
         records: metrics.records_in.get(),
         predictions: metrics.predictions_out.get(),
         dead_letters: metrics.dead_letters.get(),
-        epochs: metrics.epochs.get(),
+        epochs: read.map_or(0, |(a, b)| b - a + 1),
         updates: metrics.updates.get(),
         failed_updates: metrics.updates_failed.get(),
         last_checkpoint: outcomes.iter().filter_map(|o| o.checkpointed).max(),
         committed_epoch: outcomes.iter().filter_map(|o| o.committed).max(),
+        epochs_read: read,
+        epochs_with_records: with_records,
+        learned_through,
     })
+}
+
+/// The input topic's partitions, saying at once what the wait is for while
+/// the broker does not answer or the topic does not exist; with
+/// `--create-topics`, a missing topic is created (one partition per worker
+/// of the cluster).
+fn find_input(conn: &KafkaConnection, args: &ServeArgs) -> Result<Vec<i32>> {
+    let topic = &args.input_topic;
+    let giving_up = format!("giving up after {} s (--broker-timeout)", args.broker_timeout);
+    // What the last line said: the broker (false) or the topic (true).
+    let mut said: Option<bool> = None;
+    let found = topic_partitions_noting(conn, topic, |waiting| {
+        match waiting {
+            Waiting::Topic if args.create_topics => return ControlFlow::Break(()),
+            Waiting::Topic if said != Some(true) => {
+                say(format_args!(
+                    "waiting for topic `{topic}` on {}: it does not exist; create it, or restart with --create-topics; {giving_up}",
+                    args.brokers
+                ));
+                said = Some(true);
+            }
+            Waiting::Broker { detail } if said != Some(false) => {
+                say(format_args!(
+                    "waiting for the broker at {}, which does not answer ({detail}); {giving_up}",
+                    args.brokers
+                ));
+                said = Some(false);
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    });
+    match found {
+        Err(KafkaError::TopicMissing { .. }) if args.create_topics => {
+            let partitions = args.cluster.processes * args.workers;
+            create_topic(conn, topic, i32::try_from(partitions).unwrap_or(i32::MAX))?;
+            say(format_args!(
+                "created topic `{topic}` of {partitions} partition{} (--create-topics)",
+                if partitions == 1 { "" } else { "s" }
+            ));
+            Ok(topic_partitions(conn, topic)?)
+        }
+        found => Ok(found?),
+    }
 }
 
 /// A mutex's contents even if a worker panicked holding it: that worker's
@@ -325,55 +500,128 @@ fn serve_worker(worker: &mut Worker, plan: &Plan) -> WorkerOutcome {
     ends.outcome()
 }
 
-/// Process 0: where the cluster starts (the newest checkpoint that reads
-/// back, or a fresh model on the first records' standardisation) and the
-/// checkpoint store.
-fn decide_opening(
-    args: &ServeArgs,
-    config: &KafkaSourceConfig,
-    settings: &Settings,
-    likelihood: Likelihood,
-    stop: &AtomicBool,
-) -> Result<(Word, Option<CheckpointStore>)> {
-    let store = match &args.checkpoint_dir {
-        Some(dir) => Some(CheckpointStore::new(dir, 3)?),
-        None => None,
-    };
-    let resumed: Option<Checkpoint<KafkaPosition>> = match &store {
-        Some(s) => s.latest()?,
-        None => None,
-    };
-    let saved_scaling = match &args.checkpoint_dir {
-        Some(dir) => read_scaling(dir)?,
-        None => None,
-    };
-    let resume = resumed.as_ref().and_then(|c| KafkaPosition::merge(&c.positions));
-    let scaling = match saved_scaling {
-        Some(s) => s,
-        None => {
-            let Some(first) = first_records(config, resume.as_ref(), args, stop)? else {
-                return Ok((Word(None), store));
-            };
-            let d = first[0].features.len();
-            let s = Standardizer::fit_records(&first, d, &likelihood);
-            if let Some(dir) = &args.checkpoint_dir {
-                write_scaling(dir, &s)?;
+/// What process 0 finds before it serves: the checkpoint store, its newest
+/// checkpoint and the scaling kept beside it, and `--model`'s model when no
+/// checkpoint is newer.
+struct Beginning {
+    store: Option<CheckpointStore>,
+    resumed: Option<Checkpoint<KafkaPosition>>,
+    saved_scaling: Option<Standardizer>,
+    warm: Option<SavedModel>,
+}
+
+impl Beginning {
+    fn read(args: &ServeArgs, likelihood: &Likelihood) -> Result<Beginning> {
+        let store = match &args.checkpoint_dir {
+            Some(dir) => Some(CheckpointStore::new(dir, 3)?),
+            None => None,
+        };
+        let resumed: Option<Checkpoint<KafkaPosition>> = match &store {
+            Some(s) => s.latest()?,
+            None => None,
+        };
+        let saved_scaling = match &args.checkpoint_dir {
+            Some(dir) => read_scaling(dir)?,
+            None => None,
+        };
+        // A checkpoint is newer than any model it started from.
+        let warm = match (&resumed, &args.warm_start) {
+            (None, Some(path)) => {
+                let model = SavedModel::load(path)?;
+                model.check_fits(path, likelihood, None)?;
+                Some(model)
             }
-            s
+            _ => None,
+        };
+        Ok(Beginning {
+            store,
+            resumed,
+            saved_scaling,
+            warm,
+        })
+    }
+
+    /// What the start line says of the model.
+    fn model_from<'a>(&self, args: &'a ServeArgs) -> ModelFrom<'a> {
+        match (&self.resumed, &self.warm, &args.warm_start) {
+            (Some(c), _, given) => ModelFrom::Checkpoint {
+                epoch: c.epoch,
+                over_model: given.is_some(),
+            },
+            (None, Some(model), Some(path)) => ModelFrom::Saved {
+                path,
+                epoch: model.epoch,
+            },
+            _ => ModelFrom::Prior {
+                scaling_known: self.saved_scaling.is_some(),
+            },
         }
-    };
-    let opening = Opening {
-        learned_through: resumed.as_ref().map(|c| c.epoch),
-        // Serve's inducing inputs are the learner's choice (no first rows).
-        learner: match resumed {
-            Some(c) => c.learner,
-            None => fresh_learner(settings, likelihood, &[], &scaling)?,
-        },
-        resume,
-        scaling,
-        checkpointing: store.is_some(),
-    };
-    Ok((Word(Some(opening)), store))
+    }
+
+    /// Where the cluster starts: the newest checkpoint that reads back, else
+    /// `--model`'s model, else a fresh model on the first records'
+    /// standardisation (read here); and the checkpoint store.
+    fn opening(
+        self,
+        args: &ServeArgs,
+        config: &KafkaSourceConfig,
+        settings: &Settings,
+        likelihood: Likelihood,
+        stop: &AtomicBool,
+    ) -> Result<(Word, Option<CheckpointStore>)> {
+        let Beginning {
+            store,
+            resumed,
+            saved_scaling,
+            warm,
+        } = self;
+        if let Some(model) = warm {
+            // Nothing was checkpointed under another standardisation: the model's is the stream's.
+            if let Some(dir) = &args.checkpoint_dir {
+                write_scaling(dir, &model.scaling)?;
+            }
+            let opening = Opening {
+                learned_through: Some(model.epoch),
+                learner: model.learner,
+                // The epochs go on from the model's; the offsets are the group's, as on any first start.
+                resume: Some(KafkaPosition {
+                    topic: config.topic.clone(),
+                    next_epoch: model.epoch + 1,
+                    offsets: Default::default(),
+                }),
+                scaling: model.scaling,
+                checkpointing: store.is_some(),
+            };
+            return Ok((Word(Some(opening)), store));
+        }
+        let resume = resumed.as_ref().and_then(|c| KafkaPosition::merge(&c.positions));
+        let scaling = match saved_scaling {
+            Some(s) => s,
+            None => {
+                let Some(first) = first_records(config, resume.as_ref(), args, stop)? else {
+                    return Ok((Word(None), store));
+                };
+                let d = first[0].features.len();
+                let s = Standardizer::fit_records(&first, d, &likelihood);
+                if let Some(dir) = &args.checkpoint_dir {
+                    write_scaling(dir, &s)?;
+                }
+                s
+            }
+        };
+        let opening = Opening {
+            learned_through: resumed.as_ref().map(|c| c.epoch),
+            // Serve's inducing inputs are the learner's choice (no first rows).
+            learner: match resumed {
+                Some(c) => c.learner,
+                None => fresh_learner(settings, likelihood, &[], &scaling)?,
+            },
+            resume,
+            scaling,
+            checkpointing: store.is_some(),
+        };
+        Ok((Word(Some(opening)), store))
+    }
 }
 
 /// The first epoch's worth of records (from the resume point), read without
@@ -402,24 +650,51 @@ fn first_records(
     Ok(None)
 }
 
-/// The scaling kept beside the checkpoints in `dir`; `None` when there is none yet.
-pub(crate) fn read_scaling(dir: &Path) -> Result<Option<Standardizer>> {
-    let path = dir.join(SCALING_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => {
-            Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-                format!("{} is not a dualgp scaling", path.display())
-            })?))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Written once, atomically, before the first checkpoint.
-fn write_scaling(dir: &Path, scaling: &Standardizer) -> Result<()> {
-    let (path, temp) = (dir.join(SCALING_FILE), dir.join(format!(".{SCALING_FILE}.partial")));
-    std::fs::write(&temp, serde_json::to_vec(scaling)?)
-        .and_then(|()| std::fs::rename(&temp, &path))
-        .with_context(|| format!("cannot write {}", path.display()))
+    /// The summary names the epochs the predictions carry, and says of
+    /// epochs read after them that they brought nothing.
+    #[test]
+    fn the_summary_names_the_epochs_of_the_records_and_what_came_after() {
+        let summary = ServeSummary {
+            records: 300,
+            predictions: 300,
+            updates: 4,
+            epochs: 19,
+            epochs_read: Some((0, 18)),
+            epochs_with_records: Some((0, 8)),
+            learned_through: Some(8),
+            committed_epoch: Some(8),
+            ..ServeSummary::default()
+        };
+        let alone = ClusterArgs::default();
+        assert_eq!(
+            summary.line(&alone),
+            "300 records scored in epochs 0–8, 300 predictions sent, 0 dead letters; 4 updates (0 failed), \
+             the model learned through epoch 8; offsets committed through epoch 8"
+        );
+        // Without checkpoints, the empty epochs' positions are committed too.
+        let uncheckpointed = ServeSummary {
+            committed_epoch: Some(18),
+            ..summary.clone()
+        };
+        assert!(uncheckpointed
+            .line(&alone)
+            .ends_with("offsets committed through epoch 18 (epochs 9–18 brought no records)"));
+        let behind = ServeSummary {
+            committed_epoch: Some(6),
+            ..summary.clone()
+        };
+        assert!(behind.line(&alone).ends_with("read again on a restart"));
+        let second = ClusterArgs {
+            processes: 2,
+            process: 1,
+            hostfile: None,
+        };
+        assert!(summary
+            .line(&second)
+            .ends_with("; process 1 of 2: process 0 checkpoints and commits"));
+    }
 }

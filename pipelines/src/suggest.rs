@@ -12,7 +12,7 @@ use std::str::FromStr;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{ArgGroup, Args, ValueEnum};
-use dualgp_connectors::{ColumnSpec, Table};
+use dualgp_connectors::Table;
 use dualgp_operators::dataflow::CheckpointStore;
 use dualgp_operators::model::fantasy::{propose_batch, Acquisition, Conditioned, Fantasy, Search, Surrogate};
 use dualgp_operators::model::{Data, DualPosterior, Likelihood, ModelError, SequentialLearner, StreamingLearner};
@@ -21,10 +21,12 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::column_args::ColumnArgs;
 use crate::model_args::{Method, ModelArgs, Settings};
 use crate::protocol::Standardizer;
-use crate::serve::{read_scaling, SCALING_FILE};
+use crate::saved_model::{read_scaling, SCALING_FILE};
 
+/// `dualgp suggest`'s flags: a model to start from, the box, the acquisition.
 #[derive(Debug, Clone, Args)]
 #[command(group(ArgGroup::new("source").required(true).args(["model", "data"])))]
 pub struct SuggestArgs {
@@ -32,9 +34,13 @@ pub struct SuggestArgs {
     /// its newest checkpoint and its scaling.json.
     #[arg(long, value_name = "CHECKPOINT_DIR")]
     pub model: Option<PathBuf>,
-    /// Evaluated points to learn from first: columns id, x0, x1, … and y.
+    /// Evaluated points to learn from first (Parquet, or CSV with a header
+    /// row): columns id, x0, x1, … and y, or as the column flags name them.
     #[arg(long, value_name = "EVALUATED.parquet", requires = "likelihood")]
     pub data: Option<PathBuf>,
+    /// With --data: which columns are the id, the features and the target.
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     /// With --data: gaussian | bernoulli[:logit] | poisson | student-t | softmax:C
     #[arg(long, conflicts_with = "model")]
     pub likelihood: Option<String>,
@@ -50,6 +56,7 @@ pub struct SuggestArgs {
     /// Points to propose.
     #[arg(long, value_name = "K", value_parser = at_least_one)]
     pub batch: usize,
+    /// What a point is chosen for.
     #[arg(long, value_enum, default_value = "ei")]
     pub acquisition: AcquisitionName,
     /// Look for large outputs (ei, ucb); by default small ones.
@@ -63,6 +70,7 @@ pub struct SuggestArgs {
     pub fantasy: FantasyName,
 }
 
+/// `--acquisition`: what a point is chosen for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AcquisitionName {
     /// Expected improvement over the best output seen.
@@ -73,6 +81,7 @@ pub enum AcquisitionName {
     Entropy,
 }
 
+/// `--fantasy`: the label a chosen point is fantasised with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FantasyName {
     /// The predictive mean (Algorithm 2).
@@ -132,6 +141,7 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 /// What `dualgp suggest` prints: the batch, in the order it was chosen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Suggestion {
+    /// The points, one input vector each.
     pub points: Vec<Vec<f64>>,
 }
 
@@ -316,7 +326,7 @@ fn from_file(file: &Path, args: &SuggestArgs) -> Result<Fitted> {
     let likelihood = Likelihood::parse(text).map_err(|e| refusal("--likelihood", e))?;
     let settings = args.learning.settings()?;
     check_acquisition_fits(args, &likelihood)?;
-    let table = Table::read(file, &ColumnSpec::default())?;
+    let table = Table::read(file, &args.columns.spec()?)?;
     check_dimension(&args.bounds, table.d())?;
     if table.ids.is_empty() {
         bail!("{}: no rows to learn from", file.display());

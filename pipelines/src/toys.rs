@@ -39,8 +39,11 @@ pub fn seed_second_latent(x: f64) -> f64 {
 /// Rows of a one-input multi-output data set.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Rows {
+    /// Each row's input.
     pub x: Vec<f64>,
+    /// Each row's label.
     pub y: Vec<f64>,
+    /// The output each row observes.
     pub output: Vec<i64>,
     /// The region of `[0, 1)` each row's x lies in (written as the `task`
     /// column, which eval scores separately); empty: no regions.

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{assert_fails_with, dualgp, json_report_of};
+use common::{assert_fails_with, dualgp, eval_args, json_report_of, words};
 use dualgp_connectors::shared_data;
 use dualgp_pipelines::demo::generate;
 use rand::SeedableRng;
@@ -24,17 +24,8 @@ fn report_path(name: &str) -> PathBuf {
 fn eval_report(train: &str, test: &str, likelihood: &str, flags: &[&str]) -> serde_json::Value {
     let report = report_path(&format!("{train}-{likelihood}"));
     let (train, test) = (data(train), data(test));
-    let mut args = vec![
-        "eval",
-        "--data",
-        &train,
-        "--test",
-        &test,
-        "--likelihood",
-        likelihood,
-        "--report",
-        report.to_str().unwrap(),
-    ];
+    let mut args = eval_args(&train, &test, likelihood);
+    args.extend(["--report", report.to_str().unwrap()]);
     args.extend_from_slice(flags);
     let json = json_report_of(&args, &report);
     std::fs::remove_file(report).ok();
@@ -166,27 +157,23 @@ fn eval_reports_each_task_of_a_continual_stream_after_every_batch() {
 
 #[test]
 fn eval_osgpr_learns_banana_batch_by_batch() {
-    let flags = [
-        "--method",
-        "osgpr",
-        "--batches",
-        "4",
-        "--inducing",
-        "20",
-        "--m-steps",
-        "20",
-    ];
+    let flags = words("--method osgpr --batches 4 --inducing 20 --m-steps 20");
     let json = eval_report("banana_train", "banana_test", "bernoulli", &flags);
     assert_eq!(json["method"], "osgpr");
     banana_batches(&json);
     // Offline t-SVGP with m = 50 reaches 0.902 / 0.230 (README); measured here 0.892 / 0.253.
-    let (accuracy, nlpd) = (
+    assert_final_figures(&json, 0.87, 0.30, "banana osgpr");
+}
+
+/// The report's final test accuracy is at least `accuracy` and its NLPD at most `nlpd`.
+fn assert_final_figures(json: &serde_json::Value, accuracy: f64, nlpd: f64, what: &str) {
+    let (got_accuracy, got_nlpd) = (
         json["final"]["test_accuracy"].as_f64().unwrap(),
         json["final"]["test_nlpd"].as_f64().unwrap(),
     );
     assert!(
-        accuracy >= 0.87 && nlpd <= 0.30,
-        "banana osgpr: accuracy {accuracy}, NLPD {nlpd}"
+        got_accuracy >= accuracy && got_nlpd <= nlpd,
+        "{what}: accuracy {got_accuracy}, NLPD {got_nlpd}"
     );
 }
 
@@ -208,14 +195,7 @@ fn eval_var_gp_grows_its_inducing_set_a_task_at_a_time() {
         .collect();
     assert_eq!(inducing, [10, 20, 30, 40], "M = 10 new inducing inputs a batch");
     // Measured here with the posterior over θ (the default): 0.875 / 0.361; θ held: 0.882 / 0.446.
-    let (accuracy, nlpd) = (
-        json["final"]["test_accuracy"].as_f64().unwrap(),
-        json["final"]["test_nlpd"].as_f64().unwrap(),
-    );
-    assert!(
-        accuracy >= 0.85 && nlpd <= 0.47,
-        "banana var-gp: accuracy {accuracy}, NLPD {nlpd}"
-    );
+    assert_final_figures(&json, 0.85, 0.47, "banana var-gp");
 }
 
 /// `--var-gp-variant` reaches the learner: each variant grows the inducing
@@ -276,15 +256,9 @@ fn eval_refuses_bad_invocations_in_one_line() {
     refuses(&elevators, &["--fold", "0"], "does not fit these labels");
     refuses(&banana, &["--fold", "0", "--inducing", "0"], "--inducing 0");
     let posterior = |extra: &'static str| {
-        [
-            "--fold",
-            "0",
-            "--method",
-            "var-gp",
-            "--var-gp-theta",
-            "posterior",
-            extra,
-        ]
+        let mut flags = words("--fold 0 --method var-gp --var-gp-theta posterior");
+        flags.push(extra);
+        flags
     };
     refuses(
         &banana,
@@ -307,20 +281,80 @@ fn eval_refuses_bad_invocations_in_one_line() {
 
 #[test]
 fn a_wrong_or_missing_flag_is_one_line_naming_it() {
-    assert_fails_with(
-        &[
-            "replay",
-            "--data",
-            "x",
-            "--output",
-            "y",
-            "--likelihood",
-            "gaussian",
-            "--batch-sise",
-            "3",
-        ],
-        "--batch-size",
-    );
+    let misspelt = words("replay --data x --output y --likelihood gaussian --batch-sise 3");
+    assert_fails_with(&misspelt, "--batch-size");
     assert_fails_with(&["serve", "--brokers", "127.0.0.1:1"], "--input-topic");
     assert_fails_with(&["frobnicate"], "frobnicate");
+}
+
+/// A value that is not a number, or a negative count, is refused as that
+/// flag's invalid value in one clean line with one pointer to the help.
+#[test]
+fn a_bad_or_negative_number_is_one_clean_line_naming_the_value() {
+    for (flag, value) in [("--batch-size", "lots"), ("--workers", "-1"), ("--inducing", "-5")] {
+        let mut args = words("replay --data x --output y --likelihood gaussian");
+        args.extend([flag, value]);
+        let out = dualgp(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '{flag}")),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stderr.matches("--help").count(), 1, "one pointer to the help: {stderr}");
+        assert!(stderr.trim_end().ends_with("; see `dualgp replay --help`"), "{stderr}");
+        assert!(!stderr.contains("For more information"), "{stderr}");
+    }
+}
+
+/// `eval --save-model` saves the dual-memory learner after its last batch,
+/// with the training rows' standardisation; `replay --model` from it scores
+/// the test rows as eval's final model did, its epochs going on from the
+/// model's. Another method is refused: serve runs dual-memory.
+#[test]
+fn eval_saves_its_model_and_replay_starts_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.json");
+    let model = model.to_str().unwrap();
+    let flags = ["--batches", "4", "--inducing", "20", "--save-model", model];
+    let json = eval_report("banana_train", "banana_test", "bernoulli", &flags);
+    let out = dualgp(&["inspect", model, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (summary["epoch"].as_u64(), summary["records_seen"].as_u64()),
+        (Some(3), Some(400))
+    );
+
+    let (test, output, report) = (
+        data("banana_test"),
+        dir.path().join("p.parquet"),
+        dir.path().join("r.json"),
+    );
+    let mut args = words("replay --likelihood bernoulli --batch-size 100000");
+    args.extend(["--data", &test, "--output", output.to_str().unwrap()]);
+    args.extend(["--report", report.to_str().unwrap(), "--model", model]);
+    let replayed = json_report_of(&args, &report);
+    assert_eq!(replayed["epoch_scores"][0]["epoch"], 4, "{replayed}");
+    let (live, offline) = (
+        replayed["prequential_nlpd"].as_f64().unwrap(),
+        json["final"]["test_nlpd"].as_f64().unwrap(),
+    );
+    assert!(
+        (live - offline).abs() < 1e-6,
+        "replay from the model {live}, eval's {offline}"
+    );
+
+    let train = data("banana_train");
+    let mut osgpr = eval_args(&train, &test, "bernoulli");
+    osgpr.extend([
+        "--report",
+        report.to_str().unwrap(),
+        "--method",
+        "osgpr",
+        "--save-model",
+        model,
+    ]);
+    assert_fails_with(&osgpr, "--save-model");
 }

@@ -25,9 +25,7 @@ use arrow::array::{ArrayRef, Float64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{assert_fails_with, dualgp, hostfile, newest_checkpoint, produce, read_topic};
-use dualgp_connectors::kafka::create_topic;
-use dualgp_connectors::KafkaConnection;
+use common::{assert_fails_with, create_topics, dualgp, hostfile, newest_checkpoint, produce, read_topic, words};
 use parquet_files::{data, f64s, read_parquet, write_batch};
 
 /// The longest a cluster run may take before its processes are killed.
@@ -263,15 +261,8 @@ fn wrong_cluster_flags_are_one_line_each() {
     let dir = tempfile::tempdir().unwrap();
     let banana = data("banana_train.parquet");
     let out = dir.path().join("p.parquet");
-    let base = [
-        "replay",
-        "--data",
-        path(&banana),
-        "--output",
-        path(&out),
-        "--likelihood",
-        "bernoulli",
-    ];
+    let mut base = common::replay_args(&banana, &out);
+    base.extend(["--likelihood", "bernoulli"]);
     fn joined<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
         [base, extra].concat()
     }
@@ -314,21 +305,8 @@ fn wrong_cluster_flags_are_one_line_each() {
         "--process 5 is not below --processes 2",
     );
     // serve checks the cluster flags before it looks for a broker.
-    let serve = [
-        "serve",
-        "--brokers",
-        "127.0.0.1:1",
-        "--input-topic",
-        "in",
-        "--output-topic",
-        "out",
-        "--likelihood",
-        "gaussian",
-        "--processes",
-        "2",
-        "--process",
-        "2",
-    ];
+    let mut serve = common::serve_args("127.0.0.1:1", "in", "out");
+    serve.extend(words("--likelihood gaussian --processes 2 --process 2"));
     assert_fails_with(&serve, "--process 2 is not below --processes 2");
     assert!(!out.exists(), "a refused run left an output file");
 }
@@ -359,32 +337,14 @@ fn payloads_by_id(address: &str, topic: &str, expected: usize) -> BTreeMap<i64, 
 /// `serve` flags of the comparison: prequential scoring (the same on any
 /// number of workers), epochs of 100 records per worker, to its idle exit.
 fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Path>) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "serve",
-        "--brokers",
-        address,
-        "--input-topic",
-        input,
-        "--output-topic",
-        output,
-        "--likelihood",
-        "gaussian",
-        "--batch-size",
-        "100",
-        // Epochs must be cut by count alone (every partition holds a multiple
-        // of 100): a fetch slowed by a loaded machine must not close one early.
-        "--batch-timeout-ms",
-        "30000",
-        "--inducing",
-        "20",
-        "--scoring",
-        "prequential",
-        // Kept last: a test without it removes it.
-        "--idle-exit",
-        "3",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args = common::serve_args(address, input, output);
+    // Epochs must be cut by count alone (every partition holds a multiple of
+    // 100): a fetch slowed by a loaded machine must not close one early.
+    args.extend(words("--likelihood gaussian --batch-size 100 --batch-timeout-ms 30000"));
+    args.extend(words("--inducing 20 --scoring prequential"));
+    // Kept last: a test without it removes it.
+    args.extend(["--idle-exit", "3"]);
+    let mut args: Vec<String> = args.into_iter().map(String::from).collect();
     if let Some(dir) = checkpoints {
         args.extend(["--checkpoint-dir".into(), path(dir).into()]);
     }
@@ -395,15 +355,10 @@ fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Pat
 fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_bit_for_bit() {
     let broker = Broker::start();
     let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    for topic in ["one-in", "two-in"] {
-        create_topic(&conn, topic, 2).unwrap();
-    }
+    create_topics(&address, 2, &["one-in", "two-in"]);
     // Made here, not by the first send of one of several producers, so
     // that the readers below know their partitions.
-    for topic in ["one-out", "two-out", "one-in.dlq", "two-in.dlq"] {
-        create_topic(&conn, topic, 1).unwrap();
-    }
+    create_topics(&address, 1, &["one-out", "two-out", "one-in.dlq", "two-in.dlq"]);
     let messages = regression_messages(1400);
     let dir = tempfile::tempdir().unwrap();
     let (one_dir, two_dir) = (dir.path().join("one"), dir.path().join("two"));
@@ -468,11 +423,8 @@ fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_
 fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
     let broker = Broker::start();
     let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    create_topic(&conn, "in", 2).unwrap();
-    for topic in ["out", "in.dlq"] {
-        create_topic(&conn, topic, 1).unwrap();
-    }
+    create_topics(&address, 2, &["in"]);
+    create_topics(&address, 1, &["out", "in.dlq"]);
     produce(&address, "in", &regression_messages(400), 2);
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = dir.path().join("checkpoints");

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_fails_with, json_report_of};
+use common::{assert_fails_with, eval_args, json_report_of, words};
 use dualgp_pipelines::toys::{heterogeneous, only_output, write};
 
 fn files(dir: &std::path::Path) -> (String, String) {
@@ -23,27 +23,9 @@ fn eval_reports_metrics_by_output() {
     let (train, test) = files(dir.path());
     let report = dir.path().join("report.json");
     for method in ["dual-memory", "offline"] {
-        let args = [
-            "eval",
-            "--data",
-            &train,
-            "--test",
-            &test,
-            "--likelihood",
-            "gaussian,bernoulli",
-            "--latents",
-            "2",
-            "--method",
-            method,
-            "--order",
-            "sorted:x0",
-            "--batches",
-            "4",
-            "--inducing",
-            "15",
-            "--report",
-            report.to_str().unwrap(),
-        ];
+        let mut args = eval_args(&train, &test, "gaussian,bernoulli");
+        args.extend(words("--latents 2 --order sorted:x0 --batches 4 --inducing 15"));
+        args.extend(["--method", method, "--report", report.to_str().unwrap()]);
         let json = json_report_of(&args, &report);
         assert_eq!(json["likelihood"], "gaussian,bernoulli");
         let entries = json["batches"].as_array().unwrap().iter().chain([&json["final"]]);
@@ -68,17 +50,8 @@ fn output_indices_beyond_the_likelihood_list_are_one_error_line() {
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = files(dir.path());
     let report = dir.path().join("report.json");
-    let args = [
-        "eval",
-        "--data",
-        &train,
-        "--test",
-        &test,
-        "--likelihood",
-        "gaussian",
-        "--report",
-        report.to_str().unwrap(),
-    ];
+    let mut args = eval_args(&train, &test, "gaussian");
+    args.extend(["--report", report.to_str().unwrap()]);
     assert_fails_with(&args, "has output 1 but --likelihood lists 1 output");
 }
 
@@ -94,21 +67,15 @@ fn batches_of_five_records_learn() {
     write(&train, &only_output(&heterogeneous(250, 0), 1)).unwrap();
     write(&test, &only_output(&heterogeneous(400, 1), 1)).unwrap();
     let report = dir.path().join("report.json");
-    let args = [
-        "eval",
-        "--data",
-        train.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-        "--likelihood",
-        "bernoulli",
+    let mut args = eval_args(train.to_str().unwrap(), test.to_str().unwrap(), "bernoulli");
+    args.extend([
         "--batches",
         "10",
         "--order",
         "sorted:x0",
         "--report",
         report.to_str().unwrap(),
-    ];
+    ]);
     let json = json_report_of(&args, &report);
     let batches = json["batches"].as_array().unwrap();
     assert_eq!(batches.len(), 10);

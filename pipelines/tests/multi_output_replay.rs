@@ -9,13 +9,13 @@ mod common;
 #[path = "../../connectors/tests/common/mod.rs"]
 mod parquet_files;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array};
 use arrow::datatypes::{Float64Type, Int64Type, UInt64Type};
 use arrow::record_batch::RecordBatch;
-use common::assert_fails_with;
+use common::{assert_fails_with, replay_args};
 use dualgp_operators::model::{predict_outputs, Predictive, StreamingLearner};
 use dualgp_pipelines::cluster::ClusterArgs;
 use dualgp_pipelines::model_args::ModelArgs;
@@ -61,6 +61,7 @@ fn write_rows(path: &Path, rows: &[Row], with_output: bool) {
 fn args(data: &Path, output: &Path) -> ReplayArgs {
     ReplayArgs {
         data: data.to_owned(),
+        columns: Default::default(),
         output: output.to_owned(),
         likelihood: "gaussian,bernoulli".into(),
         latents: Some(2),
@@ -76,7 +77,14 @@ fn args(data: &Path, output: &Path) -> ReplayArgs {
         dead_letters: None,
         epochs_in_flight: 2,
         scoring: Default::default(),
+        warm_start: None,
+        save_model: None,
     }
+}
+
+/// Where a test writes its stream and where the replay writes predictions.
+fn stream_and_predictions(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("stream.parquet"), dir.join("predictions.parquet"))
 }
 
 fn column(batch: &RecordBatch, name: &str) -> Vec<Option<f64>> {
@@ -115,10 +123,7 @@ fn close(a: f64, b: f64) -> bool {
 #[test]
 fn replayed_predictions_of_each_output_are_the_final_models_by_the_library() {
     let dir = tempfile::tempdir().unwrap();
-    let (data, output) = (
-        dir.path().join("stream.parquet"),
-        dir.path().join("predictions.parquet"),
-    );
+    let (data, output) = stream_and_predictions(dir.path());
     let rows = stream();
     write_rows(&data, &rows, true);
     let outcome = replay::run(&args(&data, &output), |_, _| {}).unwrap().unwrap();
@@ -228,10 +233,7 @@ fn one_worker_and_two_predict_every_output_alike() {
 #[test]
 fn bad_output_indices_are_dead_letters_by_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let (data, output) = (
-        dir.path().join("stream.parquet"),
-        dir.path().join("predictions.parquet"),
-    );
+    let (data, output) = stream_and_predictions(dir.path());
     let mut rows = stream();
     rows[5].2 = 2; // beyond the two outputs
     rows[150].2 = -1;
@@ -267,16 +269,7 @@ fn a_multi_output_replay_of_a_file_without_outputs_is_one_error_line() {
     let data = dir.path().join("no-output.parquet");
     write_rows(&data, &stream(), false);
     let output = dir.path().join("p.parquet");
-    let args = [
-        "replay",
-        "--data",
-        data.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-        "--likelihood",
-        "gaussian,bernoulli",
-        "--latents",
-        "2",
-    ];
+    let mut args = replay_args(&data, &output);
+    args.extend(["--likelihood", "gaussian,bernoulli", "--latents", "2"]);
     assert_fails_with(&args, "no column `output`");
 }

@@ -14,12 +14,10 @@ mod common;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
 
 use broker::Broker;
-use common::{newest_checkpoint, produce, read_topic, serve_command};
-use dualgp_connectors::kafka::create_topic;
-use dualgp_connectors::{KafkaConnection, KafkaPosition};
+use common::{create_topics, newest_checkpoint, produce, read_topic, serve_command};
+use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::Checkpoint;
 use dualgp_operators::model::{predict_outputs, Predictive, StreamingLearner};
 use dualgp_pipelines::protocol::Standardizer;
@@ -103,8 +101,7 @@ fn library_predictive(checkpoint: &Checkpoint<KafkaPosition>, scaling: &Standard
 fn serve_scores_each_messages_output_and_every_output_as_the_checkpointed_model_does() {
     let broker = Broker::start();
     let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    create_topic(&conn, "in", 1).unwrap();
+    create_topics(&address, 1, &["in"]);
     let checkpoints = tempfile::tempdir().unwrap();
 
     let toy = heterogeneous(LABELLED, 11);

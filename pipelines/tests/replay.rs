@@ -44,15 +44,8 @@ fn head_of(name: &str, n: usize, rows_per_group: usize, dir: &Path) -> PathBuf {
 fn replay(data: &Path, dir: &Path, tag: &str, extra: &[&str]) -> (RecordBatch, serde_json::Value) {
     let output = dir.join(format!("{tag}.parquet"));
     let report = dir.join(format!("{tag}.json"));
-    let mut args = vec![
-        "replay",
-        "--data",
-        data.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
-    ];
+    let mut args = common::replay_args(data, &output);
+    args.extend(["--report", report.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let report = json_report_of(&args, &report);
     (read_parquet(&output), report)
@@ -249,7 +242,9 @@ fn bad_rows_go_to_the_dead_letters_and_every_other_row_is_scored() {
 }
 
 fn replay_args<'a>(data: &'a str, out: &'a str) -> Vec<&'a str> {
-    vec!["replay", "--data", data, "--output", out, "--likelihood", "bernoulli"]
+    let mut args = common::replay_args(Path::new(data), Path::new(out));
+    args.extend(["--likelihood", "bernoulli"]);
+    args
 }
 
 #[test]

@@ -2,32 +2,38 @@
 //! 127.0.0.1: every produced record comes out scored exactly once, across a
 //! restart from the checkpoint too; malformed messages land in `IN.dlq` with
 //! their reasons; an unreachable broker is one clear line, and so is one
-//! that goes away while serve runs.
+//! that goes away while serve runs. Serve says what it waits for at once (a
+//! missing topic, the broker), what it starts from, and how far it has come;
+//! started from a model a backtest saved, it scores with that model at once.
 
 #[path = "../../connectors/tests/common/broker.rs"]
 mod broker;
 
 mod common;
+#[path = "../../connectors/tests/common/mod.rs"]
+mod parquet_files;
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
+use arrow::array::{Array, Int64Array, UInt64Array};
+use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{dualgp, metrics_page, produce, read_topic, serve_command};
-use dualgp_connectors::kafka::create_topic;
-use dualgp_connectors::{shared_data, KafkaConnection, Table};
+use common::{create_topics, dualgp, metrics_page, produce, read_topic, serve_command};
+use dualgp_connectors::{shared_data, Table};
+use parquet_files::{f64s, read_parquet};
 
 /// Creates the input topic `in`, of two partitions, on the broker at `address`.
 fn create_input(address: &str) {
-    let conn = KafkaConnection::new(address).with_timeout(Duration::from_secs(20));
-    create_topic(&conn, "in", 2).unwrap();
+    create_topics(address, 2, &["in"]);
     // Made here, not by the first send of one of several workers' producers,
     // so that the tests' readers know their partitions.
-    create_topic(&conn, "out", 1).unwrap();
-    create_topic(&conn, "in.dlq", 1).unwrap();
+    create_topics(address, 1, &["out", "in.dlq"]);
 }
 
 /// A port that was free on 127.0.0.1 a moment ago.
@@ -227,11 +233,148 @@ fn refused(address: &str, flags: &[&str]) -> String {
 }
 
 #[test]
-fn an_unreachable_broker_is_one_line_within_the_timeout() {
+fn an_unreachable_broker_is_said_at_once_then_one_line_within_the_timeout() {
     let address = format!("127.0.0.1:{}", free_port());
     let stderr = refused(&address, &["--broker-timeout", "3"]);
-    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains(&address), "{stderr}");
+    let lines: Vec<&str> = stderr.trim().lines().collect();
+    assert_eq!(lines.len(), 2, "the wait, then the error: {stderr}");
+    assert!(
+        lines[0].starts_with(&format!("dualgp serve: waiting for the broker at {address}")),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with("dualgp: ") && lines[1].contains(&address),
+        "{stderr}"
+    );
+}
+
+/// Standard error's lines as they come, each with when it came (read on a
+/// thread of its own until the child closes it).
+fn stderr_lines(child: &mut Child) -> Receiver<(Instant, String)> {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (send, lines) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if send.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// Waits (at most `limit`) for `child` to exit; kills it past that.
+fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("serve did not stop within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_missing_topic_is_said_within_a_second_with_the_metrics_up_and_ends_in_one_clear_line() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let port = free_port();
+    let started = Instant::now();
+    let mut child = serve_command(&address, "absent", "out")
+        .args(["--likelihood", "gaussian", "--broker-timeout", "4"])
+        .args(["--metrics-port", &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the dualgp binary runs");
+    let lines = stderr_lines(&mut child);
+    let (at, first) = lines
+        .recv_timeout(Duration::from_secs(10))
+        .expect("serve says something while it waits");
+    assert!(
+        first.starts_with("dualgp serve: waiting for topic `absent`") && first.contains("--create-topics"),
+        "{first}"
+    );
+    let said_after = at.duration_since(started);
+    assert!(
+        said_after < Duration::from_secs(1),
+        "said after {said_after:?}: {first}"
+    );
+    // The metrics answer while it waits.
+    let page = metrics_page(port).expect("the metrics endpoint answers during the wait");
+    assert!(page.contains("dualgp_records_in_total 0"), "{page}");
+
+    let status = exit_within(&mut child, Duration::from_secs(60));
+    assert!(!status.success());
+    let rest: Vec<String> = lines.iter().map(|(_, line)| line).collect();
+    assert_eq!(rest.len(), 1, "one line after the wait: {rest:?}");
+    assert!(
+        rest[0].starts_with("dualgp: topic `absent` does not exist") && rest[0].contains(&address),
+        "{rest:?}"
+    );
+}
+
+/// `--create-topics` creates a missing input topic, one partition per
+/// worker; serve says so, starts, says how far it has come, and ends.
+#[test]
+fn create_topics_creates_the_input_and_serve_says_what_it_does() {
+    let broker = Broker::start();
+    let address = broker.address();
+    let checkpoints = tempfile::tempdir().unwrap();
+    let mut child = serve_command(&address, "fresh", "out")
+        .args(["--likelihood", "gaussian", "--workers", "2", "--create-topics"])
+        .args(["--idle-exit", "2", "--progress", "0.5"])
+        .args(["--checkpoint-dir", checkpoints.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the dualgp binary runs");
+    let lines = stderr_lines(&mut child);
+    let status = exit_within(&mut child, Duration::from_secs(60));
+    let stderr: Vec<String> = lines.iter().map(|(_, line)| line).collect();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    assert!(
+        stderr[0].contains("created topic `fresh` of 2 partitions"),
+        "{stderr:?}"
+    );
+    let start = &stderr[1];
+    for part in [
+        format!("brokers {address}"),
+        "reading `fresh` (partitions 0, 1; 2 workers here take all of them)".into(),
+        "dead letters to `fresh.dlq`".into(),
+        "no checkpoint yet in".into(),
+        "starting from the prior".into(),
+        "no metrics".into(),
+    ] {
+        assert!(start.contains(&part), "no `{part}` in the start line: {start}");
+    }
+    assert!(
+        stderr[2..]
+            .iter()
+            .any(|l| l.contains(": 0 records, 0 predictions, 0 updates")),
+        "no progress line: {stderr:?}"
+    );
+    assert!(
+        stdout.contains("0 records scored") && stdout.contains("no offsets committed"),
+        "{stdout}"
+    );
+
+    // --quiet: nothing on stderr.
+    let out = serve_command(&address, "fresh", "out")
+        .args(["--likelihood", "gaussian", "--idle-exit", "1", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// No epoch in flight would leave nothing to learn: refused before any broker is asked.
@@ -307,6 +450,9 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     assert!(!out.status.success(), "{stderr}");
     let last = stderr.trim().lines().last().unwrap_or_default();
     assert!(last.starts_with("dualgp: ") && last.contains(&address), "{stderr}");
+    // It said so while it waited.
+    let waiting = format!("dualgp serve: waiting for the broker at {address}, which does not answer");
+    assert!(stderr.contains(&waiting), "{stderr}");
 
     // With the broker back, a restart resumes from the checkpoint: the model
     // learns the new records, and none of the old ones a second time.
@@ -318,4 +464,162 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["records_seen"], 300, "{summary}");
+}
+
+/// Each prediction on `out` as `(id, epoch, model_epoch, p1)`, `expected` awaited.
+fn scored(address: &str, expected: usize) -> Vec<(i64, u64, Option<u64>, f64)> {
+    read_topic(address, "out", expected)
+        .iter()
+        .map(|text| {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            let p1 = v["p"][1].as_f64().unwrap_or_else(|| panic!("no p in {text}"));
+            (
+                v["id"].as_i64().unwrap(),
+                v["epoch"].as_u64().unwrap(),
+                v["model_epoch"].as_u64(),
+                p1,
+            )
+        })
+        .collect()
+}
+
+/// The mean negative log density of labels `y` (0 or 1) under `p1`.
+fn nlpd(pairs: impl Iterator<Item = (f64, f64)>) -> f64 {
+    let (n, sum) = pairs.fold((0, 0.0), |(n, sum), (p1, y)| {
+        (n + 1, sum - if y == 1.0 { p1 } else { 1.0 - p1 }.ln())
+    });
+    sum / n as f64
+}
+
+/// Going live after a backtest: `replay --save-model` on banana, then
+/// `serve --model` on the same stream scores its first records with the
+/// saved model (`model_epoch` is the backtest's last epoch, and the epochs go
+/// on from there), exactly as a replay from that model does, far better than
+/// the prior; a checkpoint, once there, wins over `--model`.
+#[test]
+fn a_warm_started_serve_scores_its_first_records_with_the_saved_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let banana = shared_data("banana_train.parquet").unwrap_or_else(|e| panic!("{e}"));
+    let banana = banana.to_str().unwrap();
+    let model = dir.path().join("model.json");
+    let model = model.to_str().unwrap();
+    let replay = |output: &str, extra: &[&str]| {
+        let output = dir.path().join(output);
+        let mut args = vec!["replay", "--data", banana, "--output", output.to_str().unwrap()];
+        args.extend(["--likelihood", "bernoulli", "--inducing", "20"]);
+        args.extend(extra);
+        let out = dualgp(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        read_parquet(&output)
+    };
+    // The backtest: four epochs of 100, the last learned through epoch 3.
+    let backtest = replay("backtest.parquet", &["--batch-size", "100", "--save-model", model]);
+    // Every row scored by the saved model: one epoch, after the model's.
+    let saved = replay("saved.parquet", &["--batch-size", "1000", "--model", model]);
+    assert_eq!(model_epochs(&saved), vec![Some(3); 400]);
+    let saved_p1: BTreeMap<i64, f64> = i64s(&saved, "id").into_iter().zip(f64s(&saved, "p1")).collect();
+
+    let table = Table::read(shared_data("banana_train.parquet").unwrap(), &Default::default()).unwrap();
+    let labels: BTreeMap<i64, f64> = table.ids.iter().copied().zip(table.labels.clone().unwrap()).collect();
+    // The prior's NLPD: the backtest's first epoch, scored before any update.
+    let first: Vec<(f64, f64)> = i64s(&backtest, "id")
+        .into_iter()
+        .zip(f64s(&backtest, "p1"))
+        .take(100)
+        .map(|(id, p1)| (p1, labels[&id]))
+        .collect();
+    let prior = nlpd(first.into_iter());
+
+    let broker = Broker::start();
+    let address = broker.address();
+    create_input(&address);
+    produce(&address, "in", &keyed(&banana_messages()), 2);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let warm = ["--model", model, "--workers", "1", "--idle-exit", "3"];
+    let mut child = spawn_serve(&address, checkpoints.path(), &warm);
+    let lines = stderr_lines(&mut child);
+    let status = exit_within(&mut child, Duration::from_secs(120));
+    let stderr: Vec<String> = lines.iter().map(|(_, line)| line).collect();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    assert!(
+        stderr[0].contains(&format!("starting from the model in {model} (learned through epoch 3")),
+        "{stderr:?}"
+    );
+
+    let predictions = scored(&address, 400);
+    assert_eq!(predictions.len(), 400);
+    let (_, first_epoch, first_model, _) = predictions[0];
+    assert_eq!(
+        (first_epoch, first_model),
+        (4, Some(3)),
+        "the first record, scored by the saved model"
+    );
+    assert!(
+        predictions.iter().all(|p| p.1 >= 4 && p.2 >= Some(3)),
+        "{predictions:?}"
+    );
+    // What the saved model scored, it scored as a replay from it does.
+    let by_saved: Vec<&(i64, u64, Option<u64>, f64)> = predictions.iter().filter(|p| p.2 == Some(3)).collect();
+    assert!(
+        by_saved.len() >= 50,
+        "only {} records scored by the saved model",
+        by_saved.len()
+    );
+    for (id, _, _, p1) in &by_saved {
+        assert!(
+            (p1 - saved_p1[id]).abs() < 1e-9,
+            "record {id}: {p1} against {}",
+            saved_p1[id]
+        );
+    }
+    let live = nlpd(by_saved.iter().map(|(id, _, _, p1)| (*p1, labels[id])));
+    let offline = nlpd(by_saved.iter().map(|(id, _, _, _)| (saved_p1[id], labels[id])));
+    assert!(
+        (live - offline).abs() < 1e-9,
+        "live NLPD {live}, the saved model's {offline}"
+    );
+    assert!(live < prior - 0.2, "live NLPD {live}, the prior's {prior}");
+
+    // The summary names the epochs the predictions carry.
+    let (low, high) = (
+        predictions.iter().map(|p| p.1).min().unwrap(),
+        predictions.iter().map(|p| p.1).max().unwrap(),
+    );
+    let epochs = match low == high {
+        true => format!("400 records scored in epoch {low},"),
+        false => format!("400 records scored in epochs {low}–{high},"),
+    };
+    assert!(stdout.contains(&epochs), "not `{epochs}`: {stdout}");
+
+    // Restarted with --model, serve resumes from its newer checkpoint.
+    let out = serve_command(&address, "in", "out")
+        .args(["--likelihood", "bernoulli", "--idle-exit", "1"])
+        .args([
+            "--checkpoint-dir",
+            checkpoints.path().to_str().unwrap(),
+            "--model",
+            model,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("starting from that checkpoint (newer than --model, which is not read)"),
+        "{stderr}"
+    );
+}
+
+/// The int64 column `name` of `batch`.
+fn i64s(batch: &RecordBatch, name: &str) -> Vec<i64> {
+    let column = batch.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
+    column.as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()
+}
+
+/// The `model_epoch` column (null: the prior).
+fn model_epochs(batch: &RecordBatch) -> Vec<Option<u64>> {
+    let column = batch.column_by_name("model_epoch").expect("a model_epoch column");
+    column.as_any().downcast_ref::<UInt64Array>().unwrap().iter().collect()
 }

@@ -28,9 +28,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{hostfile, newest_checkpoint, produce, read_topic_within, serve_command};
-use dualgp_connectors::kafka::create_topic;
-use dualgp_connectors::{KafkaConnection, KafkaPosition};
+use common::{create_topics, hostfile, newest_checkpoint, produce, read_topic_within, serve_command};
+use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Predictive, StreamingLearner};
 use nalgebra::DMatrix;
@@ -57,6 +56,19 @@ fn messages(n: usize, seed: u64) -> Vec<(String, String)> {
             (id.to_string(), format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{y}}}"#))
         })
         .collect()
+}
+
+/// A broker (stopped when dropped) and its address, the same `records`
+/// messages of `seed` on both `topics`, each of `partitions` partitions.
+fn broker_with_stream(records: usize, seed: u64, topics: [&str; 2], partitions: i32) -> (Broker, String) {
+    let broker = Broker::start();
+    let address = broker.address();
+    let stream = messages(records, seed);
+    for topic in topics {
+        create_topics(&address, partitions, &[topic]);
+        produce(&address, topic, &stream, partitions);
+    }
+    (broker, address)
 }
 
 /// The ids of every prediction on `topic`, read until `expected` have come
@@ -163,14 +175,7 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
         setting("SOAK_SEED", 1),
     );
     let records = records as usize / BATCH * BATCH;
-    let broker = Broker::start();
-    let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    let stream = messages(records, seed);
-    for topic in ["soak-in", "calm-in"] {
-        create_topic(&conn, topic, 1).unwrap();
-        produce(&address, topic, &stream, 1);
-    }
+    let (_broker, address) = broker_with_stream(records, seed, ["soak-in", "calm-in"], 1);
     let work = tempfile::tempdir().unwrap();
     let (soak_dir, calm_dir) = (work.path().join("soak"), work.path().join("calm"));
     let log = work.path().join("soak.log");
@@ -216,23 +221,38 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
         &work.path().join("calm.log"),
     );
 
-    let (predictions, duplicates) = every_record_scored(&address, "soak-out", records);
-    let files = same_model_as_uninterrupted(&soak_dir, &calm_dir, records);
+    let end = end_of_soak(&address, "soak-out", (&soak_dir, &calm_dir), records);
 
-    let figures = serde_json::json!({
+    let mut figures = serde_json::json!({
         "kills": killed,
         "kills_during_a_checkpoint_write": during_write,
         "stream_finished_before_all_kills": finished_early,
         "records": records,
         "epochs": records / BATCH,
-        "predictions": predictions,
-        "predictions_repeated_after_restarts": duplicates,
-        "checkpoint_files_at_the_end": files,
         "soak_seconds": soak_seconds,
         "seed": seed,
     });
+    figures.as_object_mut().unwrap().extend(end);
     write_figures("soak.json", &figures);
     assert!(killed >= kills || finished_early, "{figures}");
+}
+
+/// The checks at the end of a soak, every record scored on `out` and the
+/// model the uninterrupted run's (`(soak_dir, calm_dir)`): the figures they give.
+fn end_of_soak(
+    address: &str,
+    out: &str,
+    (soak_dir, calm_dir): (&Path, &Path),
+    records: usize,
+) -> serde_json::Map<String, serde_json::Value> {
+    let (predictions, duplicates) = every_record_scored(address, out, records);
+    let files = same_model_as_uninterrupted(soak_dir, calm_dir, records);
+    let figures = serde_json::json!({
+        "predictions": predictions,
+        "predictions_repeated_after_restarts": duplicates,
+        "checkpoint_files_at_the_end": files,
+    });
+    figures.as_object().cloned().unwrap_or_default()
 }
 
 /// Every record scored, some more than once (those after the newest
@@ -405,14 +425,7 @@ fn a_two_process_serve_cluster_with_either_process_killed_again_and_again_learns
     );
     // Every worker's epochs are cut by count: each partition holds whole epochs.
     let records = records as usize / (2 * BATCH) * (2 * BATCH);
-    let broker = Broker::start();
-    let address = broker.address();
-    let conn = KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
-    let stream = messages(records, seed);
-    for topic in ["soak2-in", "calm2-in"] {
-        create_topic(&conn, topic, 2).unwrap();
-        produce(&address, topic, &stream, 2);
-    }
+    let (_broker, address) = broker_with_stream(records, seed, ["soak2-in", "calm2-in"], 2);
     let work = tempfile::tempdir().unwrap();
     let (soak_dir, calm_dir) = (work.path().join("soak"), work.path().join("calm"));
     let limit = Duration::from_secs(600);
@@ -463,9 +476,8 @@ fn a_two_process_serve_cluster_with_either_process_killed_again_and_again_learns
     let peer_exits = pair.peer_exits;
     drop(pair);
 
-    let (predictions, duplicates) = every_record_scored(&address, "soak2-out", records);
-    let files = same_model_as_uninterrupted(&soak_dir, &calm_dir, records);
-    let figures = serde_json::json!({
+    let end = end_of_soak(&address, "soak2-out", (&soak_dir, &calm_dir), records);
+    let mut figures = serde_json::json!({
         "processes": 2,
         "kills": killed,
         "kills_of_process_0": victims[0],
@@ -475,12 +487,10 @@ fn a_two_process_serve_cluster_with_either_process_killed_again_and_again_learns
         "stream_finished_before_all_kills": finished_early,
         "records": records,
         "epochs_per_worker": records / (2 * BATCH),
-        "predictions": predictions,
-        "predictions_repeated_after_restarts": duplicates,
-        "checkpoint_files_at_the_end": files,
         "soak_seconds": soak_seconds,
         "seed": seed,
     });
+    figures.as_object_mut().unwrap().extend(end);
     write_figures("soak-two-processes.json", &figures);
     assert!(killed >= kills || finished_early, "{figures}");
 }

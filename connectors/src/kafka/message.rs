@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::arrow_decode::ArrowDecoder;
+use crate::columns::{prefixed_index, Features, UnresolvedFeatures};
 use crate::dead_letter::{DeadLetter, Origin, Reason};
 use crate::mapping::ColumnMapping;
-use crate::table::{prefixed_index, Features};
 
 /// How message payloads are encoded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,15 +22,20 @@ pub enum MessageFormat {
     /// Decide per message: an Arrow IPC stream starts with `0xFFFFFFFF`, anything else is read as JSON.
     #[default]
     Auto,
+    /// One JSON object a message.
     Json,
+    /// An Arrow IPC stream a message, any number of rows.
     ArrowIpc,
 }
 
 /// Where a message came from.
 #[derive(Clone, Copy, Debug)]
 pub struct MessageOrigin<'a> {
+    /// The topic.
     pub topic: &'a str,
+    /// The partition.
     pub partition: i32,
+    /// The offset in the partition.
     pub offset: i64,
 }
 
@@ -61,6 +66,7 @@ pub struct MessageDecoder {
 }
 
 impl MessageDecoder {
+    /// A decoder of messages in `format` by `mapping`.
     pub fn new(mapping: &ColumnMapping, format: MessageFormat) -> Self {
         let mut mapping = mapping.clone();
         // Kafka epochs are cut by count and time, not by an event-time column.
@@ -159,10 +165,13 @@ impl MessageDecoder {
         }
     }
 
-    /// This message's feature names: the known ones, or `PREFIX0..` from its keys.
+    /// This message's feature names: the known ones, or `PREFIX0..` (or the
+    /// keys the globs match) from its keys.
     fn json_feature_names(&self, obj: &Map<String, Value>) -> Result<Vec<String>, Reason> {
-        let Features::Prefix(prefix) = &self.mapping.features else {
-            return Ok(self.features.clone().unwrap_or_default());
+        let prefix = match &self.mapping.features {
+            Features::Prefix(prefix) => prefix,
+            Features::Glob(_) => return self.json_glob_names(obj),
+            Features::Names(_) => return Ok(self.features.clone().unwrap_or_default()),
         };
         // Prefixed keys are always checked: an extra `x2` is a wrong dimension, not noise.
         let mut indices: Vec<u128> = obj.keys().filter_map(|k| prefixed_index(prefix, k)).collect();
@@ -191,6 +200,34 @@ impl MessageDecoder {
             }),
             None => Ok((0..indices.len()).map(|i| format!("{prefix}{i}")).collect()),
         }
+    }
+
+    /// The keys `Features::Glob` picks from this message (never the id,
+    /// label or output field), which must be the ones the first message had.
+    fn json_glob_names(&self, obj: &Map<String, Value>) -> Result<Vec<String>, Reason> {
+        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        let m = &self.mapping;
+        let candidates: Vec<&str> = keys
+            .iter()
+            .copied()
+            .filter(|k| *k != m.id && Some(*k) != m.label.as_deref() && *k != m.output)
+            .collect();
+        let names = m.features.resolve_among(&keys, &candidates).map_err(|e| match e {
+            UnresolvedFeatures::Missing(field) => Reason::MissingField { field },
+            other => Reason::FeatureMismatch {
+                expected: format!("features {}", other.wanted()),
+                found: format!("[{}]", keys.join(",")),
+            },
+        })?;
+        let expected = match (&self.features, m.dimension) {
+            (Some(known), _) if *known != names => known.join(","),
+            (None, Some(d)) if d != names.len() => format!("{d} features"),
+            _ => return Ok(names),
+        };
+        Err(Reason::FeatureMismatch {
+            expected,
+            found: format!("[{}]", names.join(",")),
+        })
     }
 
     fn decode_ipc(
@@ -453,6 +490,39 @@ mod tests {
         assert_eq!(r[0].label, None);
         let missing = reason(&mut d, r#"{"id": 1, "a": 1}"#);
         assert_eq!(missing, Reason::MissingField { field: "b".into() });
+    }
+
+    /// The column flags name JSON fields too: `--id key --target target
+    /// --features 'f*'` reads `{"key": …, "f2": …, "f10": …, "target": …}`.
+    #[test]
+    fn own_field_names_and_globbed_features_are_fixed_by_the_first_message() {
+        let mapping = ColumnMapping {
+            id: "key".into(),
+            label: Some("target".into()),
+            features: Features::Glob(vec!["f*".into()]),
+            ..ColumnMapping::default()
+        };
+        let mut d = MessageDecoder::new(&mapping, MessageFormat::Json);
+        let (r, _) = decode(&mut d, br#"{"key": 1, "f10": 3, "f2": 2, "target": 0.5, "other": "x"}"#);
+        assert_eq!(r, [Record::new(1, vec![2.0, 3.0], Some(0.5))]);
+        assert_eq!(d.feature_names().unwrap(), ["f2", "f10"]);
+        let (r, _) = decode(&mut d, br#"{"key": 2, "f2": 1, "f10": 4}"#);
+        assert_eq!(r, [Record::new(2, vec![1.0, 4.0], None)]);
+        for payload in [r#"{"key": 3, "f2": 1}"#, r#"{"key": 3, "f2": 1, "f10": 1, "f3": 1}"#] {
+            assert_eq!(reason(&mut d, payload).kind(), ReasonKind::FeatureMismatch, "{payload}");
+        }
+        assert_eq!(
+            reason(&mut d, r#"{"id": 3, "f2": 1, "f10": 1}"#),
+            Reason::MissingField { field: "key".into() }
+        );
+        let mut fresh = MessageDecoder::new(&mapping, MessageFormat::Json);
+        assert_eq!(
+            reason(&mut fresh, r#"{"key": 3, "g": 1}"#).kind(),
+            ReasonKind::FeatureMismatch
+        );
+        let mut three = MessageDecoder::new(&mapping.clone().with_dimension(3), MessageFormat::Json);
+        let short = reason(&mut three, r#"{"key": 3, "f2": 1, "f10": 1}"#);
+        assert_eq!(short.kind(), ReasonKind::FeatureMismatch, "{short}");
     }
 
     fn ipc(columns: Vec<(&str, ArrayRef)>) -> Vec<u8> {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use rdkafka::config::ClientConfig;
 use serde::{Deserialize, Serialize};
 
-pub use admin::{create_topic, topic_partitions};
+pub use admin::{create_topic, topic_partitions, topic_partitions_noting, Waiting};
 pub use message::{MessageDecoder, MessageFormat, MessageOrigin};
 pub use sink::{dlq_topic, prediction_json, DeadLetterProducer, PredictionProducer};
 pub use source::{KafkaPosition, KafkaSource, KafkaSourceConfig, StartOffset};
@@ -32,31 +32,55 @@ pub use source::{KafkaPosition, KafkaSource, KafkaSourceConfig, StartOffset};
 /// Why a Kafka source or sink cannot go on. Each message says what to check.
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
+    /// librdkafka refused the connection options.
     #[error("cannot create a Kafka client for {brokers}: {source}; check the connection options")]
     Client {
+        /// The bootstrap brokers.
         brokers: String,
+        /// What librdkafka said.
         source: Box<rdkafka::error::KafkaError>,
     },
+    /// No broker answered within the connection's timeout.
     #[error("no answer from the Kafka broker(s) at {brokers} for {:.1} s ({detail}); check that they run and are reachable", .waited.as_secs_f64())]
     BrokerUnavailable {
+        /// The bootstrap brokers.
         brokers: String,
+        /// How long it waited.
         waited: Duration,
+        /// librdkafka's last word.
         detail: String,
     },
+    /// The broker answers, but not with the topic.
     #[error("topic `{topic}` does not exist on {brokers} (waited {:.1} s); create it first", .waited.as_secs_f64())]
     TopicMissing {
+        /// The topic.
         topic: String,
+        /// The bootstrap brokers.
         brokers: String,
+        /// How long it waited.
         waited: Duration,
     },
+    /// A client operation (subscribe, commit, create a topic) failed.
     #[error("{what} on {brokers} failed: {source}")]
     Operation {
+        /// The operation.
         what: String,
+        /// The bootstrap brokers.
         brokers: String,
+        /// What librdkafka said.
         source: Box<rdkafka::error::KafkaError>,
     },
+    /// Messages the broker did not acknowledge by the end of a flush.
     #[error("{failed} message(s) to `{topic}` were not delivered (first error: {detail})")]
-    Delivery { topic: String, failed: u64, detail: String },
+    Delivery {
+        /// The topic.
+        topic: String,
+        /// Messages not delivered.
+        failed: u64,
+        /// The first delivery error.
+        detail: String,
+    },
+    /// Settings that cannot work, in a sentence.
     #[error("invalid Kafka configuration: {0}")]
     Config(String),
 }
@@ -104,6 +128,7 @@ impl fmt::Debug for KafkaConnection {
 }
 
 impl KafkaConnection {
+    /// A connection to the comma-separated bootstrap `brokers`, default options.
     pub fn new(brokers: impl Into<String>) -> Self {
         KafkaConnection {
             brokers: brokers.into(),
@@ -117,11 +142,13 @@ impl KafkaConnection {
         self
     }
 
+    /// How long to wait for the brokers (and a topic) before giving up.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
         self
     }
 
+    /// How long it waits for the brokers.
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }

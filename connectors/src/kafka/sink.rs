@@ -184,6 +184,7 @@ pub struct PredictionProducer {
 }
 
 impl PredictionProducer {
+    /// A producer to `topic`.
     pub fn new(conn: &KafkaConnection, topic: &str) -> Result<Self, KafkaError> {
         Ok(PredictionProducer {
             inner: TopicProducer::new(conn, topic)?,
@@ -198,6 +199,7 @@ impl PredictionProducer {
         Ok(())
     }
 
+    /// Waits until the broker has every queued prediction, or says which failed.
     pub fn flush(&self) -> Result<(), KafkaError> {
         self.inner.flush()
     }
@@ -217,10 +219,12 @@ impl DeadLetterProducer {
         })
     }
 
+    /// The dead-letter topic.
     pub fn topic(&self) -> &str {
         &self.inner.topic
     }
 
+    /// Queues dead letters; call [`flush`](Self::flush) before checkpointing the epoch.
     pub fn send(&self, dead_letters: &[DeadLetter]) -> Result<(), KafkaError> {
         for d in dead_letters {
             let message = DeadLetterMessage {
@@ -235,6 +239,7 @@ impl DeadLetterProducer {
         Ok(())
     }
 
+    /// Waits until the broker has every queued dead letter, or says which failed.
     pub fn flush(&self) -> Result<(), KafkaError> {
         self.inner.flush()
     }

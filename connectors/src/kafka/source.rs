@@ -34,7 +34,9 @@ pub enum StartOffset {
     /// The group's committed offsets, else the earliest.
     #[default]
     Committed,
+    /// The oldest message the broker keeps.
     Earliest,
+    /// The next message to arrive.
     Latest,
 }
 
@@ -42,17 +44,22 @@ pub enum StartOffset {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaSourceConfig {
+    /// How to reach the brokers.
     pub connection: KafkaConnection,
+    /// The topic read.
     pub topic: String,
     /// The group offsets are committed under (never joined).
     pub group_id: String,
+    /// Which fields make a record.
     pub mapping: ColumnMapping,
+    /// How payloads are encoded.
     pub format: MessageFormat,
     /// An epoch part ends once it holds this many records (a multi-row
     /// Arrow message may take it past).
     pub epoch_records: usize,
     /// … or after this long, whichever comes first.
     pub epoch_ms: u64,
+    /// Where partitions without a resume offset start.
     pub start: StartOffset,
 }
 
@@ -76,8 +83,11 @@ impl Default for KafkaSourceConfig {
 /// [`KafkaPosition::merge`] makes the checkpoint of all workers.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KafkaPosition {
+    /// The topic.
     pub topic: String,
+    /// The first epoch not yet processed.
     pub next_epoch: u64,
+    /// Per partition, the next offset to read.
     pub offsets: BTreeMap<i32, i64>,
 }
 
@@ -214,11 +224,21 @@ impl KafkaSource {
         })
     }
 
+    /// While the broker does not answer: for how long, and why (as
+    /// librdkafka says it); `None` while it does. A read gives up once this
+    /// lasts the connection's timeout.
+    pub fn broker_trouble(&self) -> Option<(Duration, &str)> {
+        self.trouble
+            .as_ref()
+            .map(|(since, detail)| (since.elapsed(), detail.as_str()))
+    }
+
     /// This worker's partitions.
     pub fn partitions(&self) -> &[i32] {
         &self.partitions
     }
 
+    /// Records decoded and rejected so far.
     pub fn counters(&self) -> &Counters {
         &self.counters
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatchReader};
-use arrow::datatypes::{Field, Float64Type, Schema};
+use arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use arrow::record_batch::RecordBatch;
 use dualgp_connectors::{shared_data, EpochPart, ParquetPosition, ParquetSource, ParquetSourceConfig, WorkerShare};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
@@ -108,4 +108,25 @@ pub fn read_parts(
         parts.push(part);
     }
     parts
+}
+
+/// Every Arrow numeric type.
+pub fn numeric_types() -> Vec<DataType> {
+    vec![
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::UInt8,
+        DataType::UInt16,
+        DataType::UInt32,
+        DataType::UInt64,
+        DataType::Float16,
+        DataType::Float32,
+        DataType::Float64,
+        DataType::Decimal32(9, 2),
+        DataType::Decimal64(18, 2),
+        DataType::Decimal128(38, 2),
+        DataType::Decimal256(76, 2),
+    ]
 }

@@ -20,6 +20,7 @@ use timely::worker::Worker;
 
 use super::commits::{track_commits, Commits};
 use super::signals::Signals;
+use super::telling::Tally;
 use crate::metrics::Metrics;
 use crate::protocol::Standardizer;
 use crate::wiring::Ends;
@@ -31,6 +32,8 @@ pub(crate) struct Serving {
     /// Set by SIGINT/SIGTERM: the cluster finishes what it read.
     pub stop: Arc<AtomicBool>,
     pub idle_exit: Option<f64>,
+    /// The epochs seen, for the progress lines and the summary.
+    pub tally: Arc<Tally>,
 }
 
 /// How a worker's run ended.
@@ -129,7 +132,9 @@ impl KafkaEnds {
         m.records_in.inc_by((streamed + part.records.len()) as u64);
         m.dead_letters.inc_by(part.dead_letters.len() as u64);
         m.saw_epochs(part.epoch + 1);
-        if streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty() {
+        let brought = streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty();
+        self.serving.tally.read(part.epoch, brought);
+        if brought {
             self.last_input = Instant::now();
         }
         say_if_idle(&mut self.signals, self.serving.idle_exit, self.last_input);
@@ -164,6 +169,7 @@ impl Ends for KafkaEnds {
             self.serving.metrics.clone(),
             self.serving.metrics.clone(),
         );
+        let (t1, t3) = (Arc::clone(&self.serving.tally), Arc::clone(&self.serving.tally));
         let (f1, f2) = (Rc::clone(&self.failure), Rc::clone(&self.failure));
         let (p1, d1, scale) = (
             Rc::clone(&self.predictions),
@@ -177,7 +183,10 @@ impl Ends for KafkaEnds {
                 match p1.send(&out) {
                     Ok(()) => {
                         m1.predictions_out.inc_by(out.len() as u64);
-                        out.iter().for_each(|p| m1.observe_staleness(p.staleness()));
+                        for p in &out {
+                            m1.observe_staleness(p.staleness());
+                            t1.predicted(p);
+                        }
                     }
                     Err(e) => drop(f1.borrow_mut().get_or_insert(e.to_string())),
                 }
@@ -196,7 +205,10 @@ impl Ends for KafkaEnds {
             .probe_with(&self.delivery)
             .probe_with(probe);
         let updates = gp.updates.inspect(move |u| match &u.outcome {
-            Ok(_) => m3.updates.inc(),
+            Ok(_) => {
+                m3.updates.inc();
+                t3.learned(u.epoch);
+            }
             Err(why) => {
                 m3.updates_failed.inc();
                 tracing::error!(
@@ -260,6 +272,8 @@ impl Ends for KafkaEnds {
                 false => ControlFlow::Continue(()),
             }
         });
+        let trouble = source.broker_trouble();
+        self.serving.tally.broker_trouble(trouble);
         let part = match read {
             Ok(part) => part,
             Err(e) => {

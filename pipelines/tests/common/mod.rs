@@ -15,6 +15,52 @@ pub fn dualgp(args: &[&str]) -> Output {
         .expect("the dualgp binary runs")
 }
 
+/// The words of `line`: constant flags written as one command line (no
+/// value among them holds a space).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split(' ').collect()
+}
+
+/// `dualgp eval` of `data`, tested on `test`, under `likelihood`; the caller
+/// adds the other flags.
+pub fn eval_args<'a>(data: &'a str, test: &'a str, likelihood: &'a str) -> Vec<&'a str> {
+    vec!["eval", "--data", data, "--test", test, "--likelihood", likelihood]
+}
+
+/// `dualgp replay` of `data`, predictions to `output`; the caller adds the
+/// other flags.
+pub fn replay_args<'a>(data: &'a std::path::Path, output: &'a std::path::Path) -> Vec<&'a str> {
+    vec![
+        "replay",
+        "--data",
+        data.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ]
+}
+
+/// `dualgp serve` from topic `input` to `output` on the broker at `address`;
+/// the caller adds the other flags.
+pub fn serve_args<'a>(address: &'a str, input: &'a str, output: &'a str) -> Vec<&'a str> {
+    vec![
+        "serve",
+        "--brokers",
+        address,
+        "--input-topic",
+        input,
+        "--output-topic",
+        output,
+    ]
+}
+
+/// Creates `topics`, each of `partitions` partitions, on the broker at `address`.
+pub fn create_topics(address: &str, partitions: i32, topics: &[&str]) {
+    let conn = dualgp_connectors::KafkaConnection::new(address).with_timeout(std::time::Duration::from_secs(20));
+    for topic in topics {
+        dualgp_connectors::kafka::create_topic(&conn, topic, partitions).unwrap();
+    }
+}
+
 /// Runs `dualgp` and requires it to succeed; returns the JSON report at `report`.
 pub fn json_report_of(args: &[&str], report: &std::path::Path) -> serde_json::Value {
     let out = dualgp(args);
@@ -38,19 +84,10 @@ pub fn assert_fails_with(args: &[&str], needle: &str) {
     );
 }
 
-/// `dualgp serve` from topic `input` to `output` on the broker at `address`;
-/// the caller adds the other flags.
+/// [`serve_args`] as a command to spawn; the caller adds the other flags.
 pub fn serve_command(address: &str, input: &str, output: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_dualgp"));
-    command.args([
-        "serve",
-        "--brokers",
-        address,
-        "--input-topic",
-        input,
-        "--output-topic",
-        output,
-    ]);
+    command.args(serve_args(address, input, output));
     command
 }
 
