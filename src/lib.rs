@@ -9,4 +9,6 @@
 pub use dualgp_connectors as connectors;
 pub use dualgp_operators as operators;
 pub use dualgp_operators::model;
+/// The timely the operators are built on.
+pub use dualgp_operators::timely;
 pub use dualgp_pipelines as pipelines;

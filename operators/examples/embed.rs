@@ -1,12 +1,13 @@
 //! A sequential GP inside your own timely program: `cargo run --example embed -- -w 2`.
 use dualgp_operators::dataflow::{LearnGp, Record};
 use dualgp_operators::model::{Family, Kernel, Likelihood, SequentialConfig, SequentialLearner};
-use timely::dataflow::operators::vec::Filter;
-use timely::dataflow::operators::{Input, Inspect, Probe};
-use timely::dataflow::{InputHandleVec, ProbeHandle};
+use dualgp_operators::timely::dataflow::operators::vec::Filter;
+use dualgp_operators::timely::dataflow::operators::{Input, Inspect, Probe};
+use dualgp_operators::timely::dataflow::{InputHandleVec, ProbeHandle};
+use dualgp_operators::timely::execute_from_args;
 
 fn main() {
-    timely::execute_from_args(std::env::args(), |worker| {
+    execute_from_args(std::env::args(), |worker| {
         let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.5]);
         let likelihood = Likelihood::Gaussian { variance: 0.1 };
         let learner = SequentialLearner::new(kernel, likelihood, SequentialConfig::default()).unwrap();

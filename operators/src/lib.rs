@@ -8,3 +8,7 @@
 
 pub mod dataflow;
 pub mod model;
+
+/// The timely this crate is built on: an embedder who uses it (rather
+/// than a `timely` dependency of their own) cannot end up with two versions.
+pub use timely;

@@ -17,7 +17,7 @@ use parquet::arrow::ArrowWriter;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::cluster::ClusterArgs;
+use crate::likelihood_args::LikelihoodArgs;
 use crate::model_args::ModelArgs;
 use crate::replay::{self, ReplayArgs, ReplayReport};
 use crate::report;
@@ -61,27 +61,16 @@ pub fn run(n: usize, m: usize, workers: usize, seed: u64, plots: &Path) -> Resul
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let data = dir.path().join("stream.parquet");
     write_stream(&data, &train)?;
+    let predictions = dir.path().join("predictions.parquet");
     let args = ReplayArgs {
-        data,
-        columns: Default::default(),
-        output: dir.path().join("predictions.parquet"),
-        likelihood: "gaussian".into(),
-        latents: None,
-        predict_all_outputs: false,
         batch_size: n.div_ceil(10).max(1) as u64,
         workers,
-        cluster: ClusterArgs::default(),
         model: ModelArgs {
             inducing: Some(m),
             seed: Some(seed),
             ..ModelArgs::default()
         },
-        report: None,
-        dead_letters: None,
-        epochs_in_flight: 2,
-        scoring: Default::default(),
-        warm_start: None,
-        save_model: None,
+        ..ReplayArgs::new(data, predictions, LikelihoodArgs::new("gaussian"))
     };
     let outcome = replay::run(&args, |_, _| {})?.context("one process writes its own outcome")?;
     let model = outcome.learner.context("the stream taught the model nothing")?;

@@ -15,6 +15,7 @@ use nalgebra::DVector;
 use serde::Serialize;
 
 use crate::column_args::ColumnArgs;
+use crate::likelihood_args::LikelihoodArgs;
 use crate::model_args::{check_workers, Method, ModelArgs};
 use crate::protocol::{fold_split, prepare, Order, Prepared, Split, Standardizer};
 use crate::saved_model::SavedModel;
@@ -34,13 +35,9 @@ pub struct EvalArgs {
     /// Test on this fold of --data, train on the others.
     #[arg(long)]
     pub fold: Option<i8>,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
-    /// comma-separated list, one per output (`--likelihood gaussian,bernoulli`)
-    #[arg(long)]
-    pub likelihood: String,
-    /// Shared latent GPs of a multi-output model (default: one per output)
-    #[arg(long)]
-    pub latents: Option<usize>,
+    /// The likelihood of each output.
+    #[command(flatten)]
+    pub likelihood: LikelihoodArgs,
     /// The learner.
     #[arg(long, value_enum, default_value = "dual-memory")]
     pub method: Method,
@@ -205,8 +202,7 @@ pub struct Report {
 
 /// Runs the evaluation and writes the report; `progress` is told after each batch.
 pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Report> {
-    let likelihood =
-        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood = args.likelihood.parse()?;
     let multi = matches!(likelihood, Likelihood::MultiOutput(_));
     let settings = args.model.settings()?;
     check_workers(args.workers)?;

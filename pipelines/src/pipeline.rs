@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::cluster::ClusterArgs;
 use crate::column_args::ColumnArgs;
+use crate::likelihood_args::LikelihoodArgs;
 use crate::model_args::ModelArgs;
 use crate::replay::ReplayArgs;
 use crate::serve::ServeArgs;
@@ -137,6 +138,14 @@ pub enum Job {
 }
 
 impl PipelineConfig {
+    /// The file's `likelihood` and `latents`, as the commands take them.
+    fn likelihood(&self) -> LikelihoodArgs {
+        LikelihoodArgs {
+            spec: self.likelihood.clone(),
+            latents: self.latents,
+        }
+    }
+
     /// Reads and parses the file at `path`; a parse error is one line.
     pub fn read(path: &Path) -> Result<PipelineConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -181,8 +190,7 @@ impl PipelineConfig {
                     data: path.clone(),
                     columns,
                     output,
-                    likelihood: self.likelihood.clone(),
-                    latents: self.latents,
+                    likelihood: self.likelihood(),
                     predict_all_outputs: self.predict_all_outputs,
                     batch_size: *batch_size,
                     workers,
@@ -218,8 +226,7 @@ impl PipelineConfig {
                     input_topic: topic.clone(),
                     output_topic,
                     columns,
-                    likelihood: self.likelihood.clone(),
-                    latents: self.latents,
+                    likelihood: self.likelihood(),
                     predict_all_outputs: self.predict_all_outputs,
                     batch_size: *batch_size as usize,
                     batch_timeout_ms: *batch_timeout_ms,
@@ -308,7 +315,11 @@ mod tests {
             panic!("a Parquet source is a replay");
         };
         assert_eq!(
-            (args.likelihood.as_str(), args.latents, args.predict_all_outputs),
+            (
+                args.likelihood.spec.as_str(),
+                args.likelihood.latents,
+                args.predict_all_outputs
+            ),
             ("gaussian,bernoulli", Some(2), true)
         );
         let kafka = "likelihood = \"gaussian,bernoulli\"\n[source.kafka]\nbrokers = \"b\"\ntopic = \"in\"\n\
@@ -321,7 +332,7 @@ mod tests {
         else {
             panic!("a Kafka source is a serve");
         };
-        assert_eq!((args.latents, args.predict_all_outputs), (None, false));
+        assert_eq!((args.likelihood.latents, args.predict_all_outputs), (None, false));
     }
 
     /// A pipeline file's `[columns]` reach replay and serve; the column

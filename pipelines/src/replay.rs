@@ -31,6 +31,7 @@ use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
 use crate::column_args::ColumnArgs;
+use crate::likelihood_args::LikelihoodArgs;
 use crate::model_args::ModelArgs;
 use crate::protocol::Standardizer;
 use crate::saved_model::SavedModel;
@@ -52,13 +53,9 @@ pub struct ReplayArgs {
     /// Predictions: one row per input row (`id`, `epoch`, `mean`/`var` or class probabilities).
     #[arg(long)]
     pub output: PathBuf,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
-    /// comma-separated list, one per output (`--likelihood gaussian,bernoulli`)
-    #[arg(long)]
-    pub likelihood: String,
-    /// Shared latent GPs of a multi-output model (default: one per output)
-    #[arg(long)]
-    pub latents: Option<usize>,
+    /// The likelihood of each output.
+    #[command(flatten)]
+    pub likelihood: LikelihoodArgs,
     /// A multi-output model's rows also hold every output's predictive
     /// (`output{d}_mean`, `output{d}_var`, `output{d}_p1`, …).
     #[arg(long)]
@@ -97,6 +94,30 @@ pub struct ReplayArgs {
     /// `serve --model` (going live after a backtest).
     #[arg(long, value_name = "FILE")]
     pub save_model: Option<PathBuf>,
+}
+
+impl ReplayArgs {
+    /// `dualgp replay --data DATA --output OUTPUT --likelihood …` with every
+    /// other flag at its default: for programs that replay a file.
+    pub fn new(data: PathBuf, output: PathBuf, likelihood: LikelihoodArgs) -> Self {
+        ReplayArgs {
+            data,
+            columns: ColumnArgs::default(),
+            output,
+            likelihood,
+            predict_all_outputs: false,
+            batch_size: 1000,
+            workers: 1,
+            cluster: ClusterArgs::default(),
+            model: ModelArgs::default(),
+            report: None,
+            dead_letters: None,
+            epochs_in_flight: EPOCHS_IN_FLIGHT,
+            scoring: Scoring::Prequential,
+            warm_start: None,
+            save_model: None,
+        }
+    }
 }
 
 /// `dualgp replay`'s JSON report.
@@ -274,8 +295,7 @@ type Written = (Gathered, Sinks);
 /// predictions, the dead letters and the report: the others return `None`.
 pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<Option<ReplayOutcome>> {
     let timely_config = args.cluster.timely_config(args.workers)?;
-    let likelihood =
-        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood = args.likelihood.parse()?;
     let settings = args.model.settings()?;
     if args.batch_size == 0 {
         bail!("--batch-size 0: give at least one row per epoch");

@@ -48,6 +48,7 @@ use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
 use crate::column_args::ColumnArgs;
+use crate::likelihood_args::LikelihoodArgs;
 use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{ModelArgs, Settings};
 use crate::protocol::Standardizer;
@@ -82,13 +83,9 @@ pub struct ServeArgs {
     /// Which JSON fields (or Arrow IPC columns) are the id, the features, the target and the output.
     #[command(flatten)]
     pub columns: ColumnArgs,
-    /// gaussian | bernoulli[:logit] | poisson | student-t | softmax:C, or a
-    /// comma-separated list, one per output (messages then carry `"output": d`)
-    #[arg(long)]
-    pub likelihood: String,
-    /// Shared latent GPs of a multi-output model (default: one per output)
-    #[arg(long)]
-    pub latents: Option<usize>,
+    /// The likelihood of each output.
+    #[command(flatten)]
+    pub likelihood: LikelihoodArgs,
     /// A multi-output model's predictions also hold every output's
     /// predictive: `"outputs": [{"mean":…,"var":…}, {"p":[…]}, …]`.
     #[arg(long)]
@@ -241,8 +238,7 @@ impl ServeSummary {
 /// process 0 decides where the cluster starts and writes the checkpoints.
 pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let timely_config = args.cluster.timely_config(args.workers)?;
-    let likelihood =
-        Likelihood::parse_outputs(&args.likelihood, args.latents).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+    let likelihood = args.likelihood.parse()?;
     let settings = args.model.settings()?;
     if args.batch_size == 0 || args.batch_timeout_ms == 0 {
         bail!("--batch-size and --batch-timeout-ms must be above 0");

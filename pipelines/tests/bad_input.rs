@@ -8,7 +8,6 @@
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
-use dualgp_operators::model::Likelihood;
 use dualgp_pipelines::cli::{causes_once, one_line, Cli, Command};
 use dualgp_pipelines::cluster::ClusterArgs;
 use dualgp_pipelines::model_args::{check_workers, ModelArgs};
@@ -150,7 +149,7 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
         Command::Serve(mut args) => {
             // Serving would connect to a broker: only the checks before it.
             args.cluster.hostfile = args.cluster.hostfile.map(|_| missing(dir, "hosts"));
-            Likelihood::parse(&args.likelihood).map_err(|e| anyhow::anyhow!("--likelihood: {e}"))?;
+            args.likelihood.parse()?;
             args.model.settings()?;
             check_workers(args.workers)?;
             args.cluster.timely_config(args.workers).map(|_| ())

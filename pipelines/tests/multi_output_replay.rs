@@ -17,7 +17,7 @@ use arrow::datatypes::{Float64Type, Int64Type, UInt64Type};
 use arrow::record_batch::RecordBatch;
 use common::{assert_fails_with, replay_args};
 use dualgp_operators::model::{predict_outputs, Predictive, StreamingLearner};
-use dualgp_pipelines::cluster::ClusterArgs;
+use dualgp_pipelines::likelihood_args::LikelihoodArgs;
 use dualgp_pipelines::model_args::ModelArgs;
 use dualgp_pipelines::replay::{self, ReplayArgs, ReplayOutcome};
 use dualgp_pipelines::toys::heterogeneous;
@@ -59,26 +59,19 @@ fn write_rows(path: &Path, rows: &[Row], with_output: bool) {
 }
 
 fn args(data: &Path, output: &Path) -> ReplayArgs {
-    ReplayArgs {
-        data: data.to_owned(),
-        columns: Default::default(),
-        output: output.to_owned(),
-        likelihood: "gaussian,bernoulli".into(),
+    let likelihood = LikelihoodArgs {
+        spec: "gaussian,bernoulli".into(),
         latents: Some(2),
+    };
+    ReplayArgs {
         predict_all_outputs: true,
         batch_size: EPOCH as u64,
         workers: 2,
-        cluster: ClusterArgs::default(),
         model: ModelArgs {
             inducing: Some(12),
             ..ModelArgs::default()
         },
-        report: None,
-        dead_letters: None,
-        epochs_in_flight: 2,
-        scoring: Default::default(),
-        warm_start: None,
-        save_model: None,
+        ..ReplayArgs::new(data.to_owned(), output.to_owned(), likelihood)
     }
 }
 

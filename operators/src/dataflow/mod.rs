@@ -11,12 +11,14 @@
 //! ```
 //! use dualgp_operators::dataflow::{LearnGp, Record};
 //! use dualgp_operators::model::{Family, Kernel, Likelihood, SequentialConfig, SequentialLearner};
-//! use timely::dataflow::operators::{Inspect, ToStream};
+//! use dualgp_operators::timely::dataflow::operators::{Inspect, ToStream};
+//! use dualgp_operators::timely::example;
 //!
 //! let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.5]);
 //! let likelihood = Likelihood::Gaussian { variance: 0.1 };
 //! let learner = SequentialLearner::new(kernel, likelihood, SequentialConfig::default()).unwrap();
-//! timely::example(move |scope| {
+//! // Runs the dataflow on one worker, in this thread.
+//! example(move |scope| {
 //!     // One epoch of 300 labelled records: scored with the prior, then learned.
 //!     let records = (0..300).map(|i| Record::new(i, vec![i as f64 / 50.0], Some((i as f64 / 50.0).sin())));
 //!     let gp = records.to_stream(scope).container::<Vec<_>>().learn_gp(learner, 1);
