@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use dualgp_operators::model::StreamingLearner;
 use dualgp_pipelines::cli::{causes_once, one_line_for, parse_from, subcommand_of, Cli, Command};
-use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, serve, suggest};
+use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, report, serve, suggest};
 use indicatif::{ProgressBar, ProgressStyle};
 
 fn main() {
@@ -94,10 +94,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ticks.set_position(done);
             })?;
             bar.finish_and_clear();
-            let Some(report) = outcome.map(|o| o.report) else {
+            let Some(outcome) = outcome else {
                 println!("dualgp replay: {}", replay::elsewhere(&args));
                 return Ok(());
             };
+            if let Some(dir) = &args.plots {
+                let model = outcome
+                    .learner
+                    .as_ref()
+                    .context("--plots: the stream taught the model nothing")?;
+                for plot in report::write(dir, &outcome.report, &outcome.hyperparameters, model, &outcome.scaling)? {
+                    println!("plot: {}", plot.display());
+                }
+            }
+            let report = outcome.report;
             println!(
                 "replayed {} records in {} epochs ({:.0} records/s): prequential NLPD {:.4}, {}; {} dead letters; predictions in {}",
                 report.records,

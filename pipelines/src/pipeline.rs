@@ -202,6 +202,7 @@ impl PipelineConfig {
                     scoring: self.scoring.unwrap_or(Scoring::Prequential),
                     warm_start: None,
                     save_model: None,
+                    plots: None,
                 })
             }
             Source::Kafka {

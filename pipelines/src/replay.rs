@@ -94,6 +94,11 @@ pub struct ReplayArgs {
     /// `serve --model` (going live after a backtest).
     #[arg(long, value_name = "FILE")]
     pub save_model: Option<PathBuf>,
+    /// Draw the run as SVG in this directory, as the demo does: prequential
+    /// NLPD and RMSE by epoch, the hyperparameters after each update, and
+    /// with two inputs the posterior's map.
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
 }
 
 impl ReplayArgs {
@@ -116,6 +121,7 @@ impl ReplayArgs {
             scoring: Scoring::Prequential,
             warm_start: None,
             save_model: None,
+            plots: None,
         }
     }
 }

@@ -344,3 +344,38 @@ fn small_epochs_learn_as_well_as_large_ones() {
     let (small, large) = (nlpd("50"), nlpd("1000"));
     assert!(small < large + 0.1, "epochs of 50: {small}, of 1000: {large}");
 }
+
+/// `replay --plots DIR` draws the run as the demo does: prequential scores
+/// and hyperparameters by epoch, and, the data having two inputs, the
+/// posterior's map; it says where each plot went.
+#[test]
+fn replay_draws_its_plots_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (output, plots) = (dir.path().join("p.parquet"), dir.path().join("plots"));
+    let banana = data("banana_train.parquet");
+    let out = dualgp(&[
+        "replay",
+        "--data",
+        banana.to_str().unwrap(),
+        "--likelihood",
+        "bernoulli",
+        "--batch-size",
+        "100",
+        "--inducing",
+        "20",
+        "--output",
+        output.to_str().unwrap(),
+        "--plots",
+        plots.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    for name in ["prequential.svg", "hyperparameters.svg", "posterior.svg"] {
+        let svg = std::fs::read_to_string(plots.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(svg.contains("<svg") && svg.len() > 1000, "{name} is not a drawing");
+        assert!(
+            said.contains(&format!("plot: {}", plots.join(name).display())),
+            "{said}"
+        );
+    }
+}
