@@ -225,7 +225,7 @@ pub(super) fn partition_stage<'scope>(
             score_promptly();
         }
         let wake = scope.worker().sync_activator_for(info.address.to_vec());
-        let answers_of = ShardMaker {
+        let maker = ShardMaker {
             partition,
             features,
             likelihood: likelihood.clone(),
@@ -234,7 +234,7 @@ pub(super) fn partition_stage<'scope>(
             format!("dualgp-shard-{worker}"),
             learn_in_background,
             wake,
-            move |jobs, done| answer_jobs(answers_of, jobs, done),
+            move |jobs, done| answer_jobs(maker, jobs, done),
         );
 
         move |(records, record_frontier), (queries, query_frontier), output| {
@@ -431,7 +431,8 @@ fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results<ShardDone>
     let mut shard: Option<Shard> = None;
     while let Some(ShardJob { records, query }) = jobs.next() {
         if let Some(records) = records {
-            shard = Some(maker.shard_of(records));
+            // Without a shard every answer of this update is its failure.
+            shard = catch_unwind(AssertUnwindSafe(|| maker.shard_of(records))).ok();
         }
         let finished = match &query {
             Query::Finish { model, .. } => Some(usable(model)),
