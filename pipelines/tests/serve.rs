@@ -278,6 +278,17 @@ fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// Waits (at most `limit`) for serve to exit successfully: its stderr lines and its stdout.
+fn finished_within(child: &mut Child, limit: Duration) -> (Vec<String>, String) {
+    let lines = stderr_lines(child);
+    let status = exit_within(child, limit);
+    let stderr: Vec<String> = lines.iter().map(|(_, line)| line).collect();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    (stderr, stdout)
+}
+
 #[test]
 fn a_missing_topic_is_said_within_a_second_with_the_metrics_up_and_ends_in_one_clear_line() {
     let broker = Broker::start();
@@ -333,12 +344,7 @@ fn create_topics_creates_the_input_and_serve_says_what_it_does() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("the dualgp binary runs");
-    let lines = stderr_lines(&mut child);
-    let status = exit_within(&mut child, Duration::from_secs(60));
-    let stderr: Vec<String> = lines.iter().map(|(_, line)| line).collect();
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
-    assert!(status.success(), "{stderr:?}");
+    let (stderr, stdout) = finished_within(&mut child, Duration::from_secs(60));
     assert!(
         stderr[0].contains("created topic `fresh` of 2 partitions"),
         "{stderr:?}"
@@ -537,12 +543,7 @@ fn a_warm_started_serve_scores_its_first_records_with_the_saved_model() {
     let checkpoints = tempfile::tempdir().unwrap();
     let warm = ["--model", model, "--workers", "1", "--idle-exit", "3"];
     let mut child = spawn_serve(&address, checkpoints.path(), &warm);
-    let lines = stderr_lines(&mut child);
-    let status = exit_within(&mut child, Duration::from_secs(120));
-    let stderr: Vec<String> = lines.iter().map(|(_, line)| line).collect();
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
-    assert!(status.success(), "{stderr:?}");
+    let (stderr, stdout) = finished_within(&mut child, Duration::from_secs(120));
     assert!(
         stderr[0].contains(&format!("starting from the model in {model} (learned through epoch 3")),
         "{stderr:?}"
