@@ -9,7 +9,7 @@ use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
-use crate::model::math::exp::exp_nonpositive_in_place;
+use crate::model::math::exp::exp_nonpositive;
 use crate::model::math::linalg::transposed;
 
 /// The radial profile of a stationary kernel.
@@ -549,13 +549,10 @@ impl Family {
 const SQRT_3: f64 = 1.732_050_807_568_877_2;
 const SQRT_5: f64 = 2.236_067_977_499_79;
 
-/// How many r² a profile evaluates at a time, in buffers on the stack.
-const CHUNK: usize = 256;
-
 impl Family {
     /// Overwrites each r² in `values` with `f(r²)` and, given `slopes`, sets
     /// those to `df/d(r²)`. Each family is `poly(s)·e^{−s}` for some `s(r²)`;
-    /// the exponentials go four at a time ([`exp_nonpositive_in_place`]),
+    /// the exponentials go four at a time ([`exp_nonpositive`]),
     /// where libm's one-at-a-time `exp` was a tenth of an update's time.
     fn profiles(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
         match self {
@@ -588,29 +585,60 @@ impl Family {
 }
 
 /// [`Family::profiles`] for one family: `s = exponent(r²)`, `e = e^{−s}`,
-/// then `value(s, e)` and `slope(s, e)`.
+/// then `value(s, e)` and `slope(s, e)`, in one pass. Compiled for AVX2
+/// where the CPU has it (four values a lane, the square roots and the
+/// exponential included); the operations are the same plain IEEE ones on
+/// every path, so are the bits.
 fn chunked(
     values: &mut [f64],
-    mut slopes: Option<&mut [f64]>,
+    slopes: Option<&mut [f64]>,
     exponent: impl Fn(f64) -> f64,
     value: impl Fn(f64, f64) -> f64,
     slope: impl Fn(f64, f64) -> f64,
 ) {
-    let (mut s, mut e) = ([0.0; CHUNK], [0.0; CHUNK]);
-    for (c, chunk) in values.chunks_mut(CHUNK).enumerate() {
-        let n = chunk.len();
-        for ((s, e), &r2) in s.iter_mut().zip(&mut e).zip(&*chunk) {
-            *s = exponent(r2);
-            *e = -*s;
-        }
-        exp_nonpositive_in_place(&mut e[..n]);
-        if let Some(slopes) = slopes.as_deref_mut() {
-            for ((out, &s), &e) in slopes[c * CHUNK..c * CHUNK + n].iter_mut().zip(&s).zip(&e) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe { chunked_avx2(values, slopes, exponent, value, slope) };
+        return;
+    }
+    fused(values, slopes, exponent, value, slope);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn chunked_avx2(
+    values: &mut [f64],
+    slopes: Option<&mut [f64]>,
+    exponent: impl Fn(f64) -> f64,
+    value: impl Fn(f64, f64) -> f64,
+    slope: impl Fn(f64, f64) -> f64,
+) {
+    fused(values, slopes, exponent, value, slope);
+}
+
+#[inline(always)]
+fn fused(
+    values: &mut [f64],
+    slopes: Option<&mut [f64]>,
+    exponent: impl Fn(f64) -> f64,
+    value: impl Fn(f64, f64) -> f64,
+    slope: impl Fn(f64, f64) -> f64,
+) {
+    match slopes {
+        Some(slopes) => {
+            for (v, out) in values.iter_mut().zip(slopes) {
+                let s = exponent(*v);
+                let e = exp_nonpositive(-s);
                 *out = slope(s, e);
+                *v = value(s, e);
             }
         }
-        for ((out, &s), &e) in chunk.iter_mut().zip(&s).zip(&e) {
-            *out = value(s, e);
+        None => {
+            for v in values {
+                let s = exponent(*v);
+                *v = value(s, exp_nonpositive(-s));
+            }
         }
     }
 }
@@ -766,21 +794,10 @@ fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
     let (a_norms, b_norms) = (row_sq_norms(a), row_sq_norms(b));
     let mut r2 = DMatrix::zeros(a.nrows(), b.nrows());
     r2.gemm(-2.0, a, &transposed(b), 0.0);
-    // A branch-free pass (it vectorises: at d = 8 this loop, not the GEMM,
-    // was the distances' time), then the rare near pairs again, directly.
+    // A branch-free pass (at d = 8 this loop, not the GEMM, was the
+    // distances' time), then the rare near pairs again, directly.
+    let near = add_norms(r2.as_mut_slice(), a_norms.as_slice(), b_norms.as_slice());
     let rows = a.nrows();
-    let mut near = Vec::new();
-    for (j, col) in r2.as_mut_slice().chunks_mut(rows.max(1)).enumerate() {
-        let mut any = false;
-        for ((r, &a_norm), b_norm) in col.iter_mut().zip(a_norms.iter()).zip(std::iter::repeat(b_norms[j])) {
-            let norms = a_norm + b_norm;
-            *r += norms;
-            any |= *r <= NEAR * norms;
-        }
-        if any {
-            near.push(j);
-        }
-    }
     for j in near {
         for i in 0..rows {
             let norms = a_norms[i] + b_norms[j];
@@ -790,6 +807,46 @@ fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
         }
     }
     r2
+}
+
+/// Adds `‖a_i‖² + ‖b_j‖²` to every `−2a_iᵀb_j` of the column-major `r2`;
+/// returns the columns with a pair near enough to lose digits. Compiled
+/// for AVX2 where the CPU has it (the same additions on every path).
+fn add_norms(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { add_norms_avx2(r2, a_norms, b_norms) };
+    }
+    add_norms_portable(r2, a_norms, b_norms)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn add_norms_avx2(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<usize> {
+    add_norms_portable(r2, a_norms, b_norms)
+}
+
+#[inline(always)]
+fn add_norms_portable(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<usize> {
+    let rows = a_norms.len();
+    let mut near = Vec::new();
+    if rows == 0 {
+        return near;
+    }
+    for (j, (col, &b_norm)) in r2.chunks_exact_mut(rows).zip(b_norms).enumerate() {
+        // Counted, not branched on, so that the loop vectorises.
+        let mut near_pairs = 0usize;
+        for (r, &a_norm) in col.iter_mut().zip(a_norms) {
+            let norms = a_norm + b_norm;
+            *r += norms;
+            near_pairs += usize::from(*r <= NEAR * norms);
+        }
+        if near_pairs > 0 {
+            near.push(j);
+        }
+    }
+    near
 }
 
 fn row_sq_norms(x: &DMatrix<f64>) -> DVector<f64> {
@@ -1216,6 +1273,36 @@ pub(super) mod tests {
         let k = Kernel::Linear { variance: 0.5 };
         assert_eq!(k.matrix(&a, &b), DMatrix::from_row_slice(2, 1, &[1.0, -6.25]));
         assert_eq!(k.diag(&a), DVector::from_vec(vec![2.5, 4.625]));
+    }
+
+    #[test]
+    fn the_vector_paths_give_the_portable_bits() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let r2: Vec<f64> = (0..1001)
+            .map(|i| if i % 50 == 0 { 0.0 } else { rng.random_range(0.0..40.0) })
+            .collect();
+        let exponent = |r2: f64| SQRT_5 * r2.sqrt();
+        let value = |s: f64, e: f64| (1.0 + s + s * s / 3.0) * e;
+        let slope = |s: f64, e: f64| -(5.0 / 6.0) * (1.0 + s) * e;
+        let (mut dispatched, mut portable) = (r2.clone(), r2.clone());
+        let (mut dispatched_slopes, mut portable_slopes) = (vec![0.0; r2.len()], vec![0.0; r2.len()]);
+        chunked(&mut dispatched, Some(&mut dispatched_slopes), exponent, value, slope);
+        fused(&mut portable, Some(&mut portable_slopes), exponent, value, slope);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&dispatched), bits(&portable));
+        assert_eq!(bits(&dispatched_slopes), bits(&portable_slopes));
+
+        let (a_norms, b_norms): (Vec<f64>, Vec<f64>) = (
+            (0..37).map(|_| rng.random_range(0.0..9.0)).collect(),
+            (0..11).map(|_| rng.random_range(0.0..9.0)).collect(),
+        );
+        let mut cross: Vec<f64> = (0..37 * 11).map(|_| rng.random_range(-9.0..0.0)).collect();
+        cross[5 * 37 + 3] = -(a_norms[3] + b_norms[5]); // a pair at distance 0
+        let (mut dispatched, mut portable) = (cross.clone(), cross);
+        let near = add_norms(&mut dispatched, &a_norms, &b_norms);
+        assert_eq!(near, add_norms_portable(&mut portable, &a_norms, &b_norms));
+        assert!(near.contains(&5), "the pair at distance 0 is near: {near:?}");
+        assert_eq!(bits(&dispatched), bits(&portable));
     }
 
     #[test]
