@@ -736,7 +736,7 @@ impl Stationary {
         }
         let input = product.map(|product| {
             let (own, sums) = match rows {
-                Rows::OfB => (b_u, w.row_sum_tr()),
+                Rows::OfB => (b_u, column_totals(&w)),
                 _ => (a_u, w.column_sum()),
             };
             let mut out = own.clone();
@@ -849,6 +849,21 @@ fn add_norms_portable(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<u
     near
 }
 
+/// Each column's sum, as nalgebra's `row_sum_tr` adds it (in order, from
+/// +0), over the contiguous column rather than through its iterator, which
+/// steps one entry at a time.
+fn column_totals(w: &DMatrix<f64>) -> DVector<f64> {
+    if w.nrows() == 0 {
+        return DVector::zeros(w.ncols());
+    }
+    DVector::from_iterator(
+        w.ncols(),
+        w.as_slice()
+            .chunks_exact(w.nrows())
+            .map(|col| col.iter().fold(0.0, |total, &x| total + x)),
+    )
+}
+
 fn row_sq_norms(x: &DMatrix<f64>) -> DVector<f64> {
     let mut norms = DVector::zeros(x.nrows());
     for col in x.column_iter() {
@@ -860,7 +875,7 @@ fn row_sq_norms(x: &DMatrix<f64>) -> DVector<f64> {
 /// `Σ_ij W_ij (a_ik − b_jk)²` for every input k, expanded into
 /// `Σ_i a_ik² (W1)_i − 2 cross_k + Σ_j b_jk² (Wᵀ1)_j` with `cross_k = Σ_ij W_ij a_ik b_jk`.
 fn weighted_sq_diffs(a: &DMatrix<f64>, b: &DMatrix<f64>, w: &DMatrix<f64>, cross: &[f64]) -> Vec<f64> {
-    let (row_sums, col_sums) = (w.column_sum(), w.row_sum_tr());
+    let (row_sums, col_sums) = (w.column_sum(), column_totals(&w));
     (0..a.ncols())
         .map(|k| {
             let (ak, bk) = (a.column(k), b.column(k));
