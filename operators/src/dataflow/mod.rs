@@ -39,6 +39,7 @@ mod partition_stage;
 pub mod record;
 mod reduce_stage;
 mod repeats;
+mod shard_thread;
 
 pub use checkpoint::{
     read_checkpoint, Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION,

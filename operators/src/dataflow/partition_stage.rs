@@ -4,25 +4,23 @@
 //! [`beside`](super::beside)).
 
 use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use nalgebra::{DMatrix, DVector};
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
+use timely::scheduling::SyncActivator;
 
-use super::beside::{score_promptly, Beside, Jobs, Polled, Results};
-use super::health::panic_message;
+use super::beside::{score_promptly, Beside, Polled};
 use super::options::Round;
 use super::options::{GpOptions, Scoring};
 use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
-use crate::model::data::model_inputs;
+use super::shard_thread::{answer_jobs, ShardDone, ShardJob, ShardMaker};
 use crate::model::dual::blocks::route;
 use crate::model::dual::point::PointId;
-use crate::model::posterior::Marginals;
-use crate::model::{Answer, Data, Kernel, Likelihood, Partition, Predictive, Query, Shard, Snapshot};
+use crate::model::scoring::{ScoringModel, ToScore};
+use crate::model::{Answer, Kernel, Likelihood, Partition, Query, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -36,77 +34,15 @@ pub(super) enum StageOutput {
     Rejected(Rejected),
 }
 
-/// The model records are scored with: the prior until the first update.
-enum Model {
-    Prior { kernel: Kernel, likelihood: Likelihood },
-    Learned(Box<Snapshot>),
-}
-
 /// The newest model this worker holds, and the epoch whose update made it.
 struct Scorer {
-    model: Model,
+    model: ScoringModel,
     learned_through: Option<u64>,
     /// Whether predictions carry every output's predictive too.
     all_outputs: bool,
 }
 
-/// One record's score: its output's predictive, its label's log density, and
-/// (when asked for) every output's predictive.
-type Scored = (Predictive, Option<f64>, Vec<Predictive>);
-
 impl Scorer {
-    /// Each record's predictive distribution and, when it has a label, that
-    /// label's log predictive density (its prequential score).
-    fn score(&self, records: &[&Record], features: usize) -> Vec<Scored> {
-        let x = DMatrix::from_fn(records.len(), features, |i, j| records[i].features[j]);
-        let likelihood = self.likelihood();
-        // Every output's predictive needs each output's own latent marginal.
-        let mut every: Vec<Vec<Predictive>> = vec![Vec::new(); records.len()];
-        if self.all_outputs {
-            for o in 0..likelihood.n_outputs() {
-                self.marginals(&x, |_| o)
-                    .for_each_point(|i, mean, var| every[i].push(likelihood.predict_of(o, mean, var)));
-            }
-        }
-        let mut out = Vec::with_capacity(records.len());
-        self.marginals(&x, |i| records[i].output)
-            .for_each_point(|i, mean, var| {
-                let d = records[i].output;
-                let density = records[i].label.map(|y| likelihood.log_predictive_of(d, mean, var, y));
-                out.push((
-                    likelihood.predict_of(d, mean, var),
-                    density,
-                    std::mem::take(&mut every[i]),
-                ));
-            });
-        out
-    }
-
-    fn likelihood(&self) -> &Likelihood {
-        match &self.model {
-            Model::Learned(model) => &model.likelihood,
-            Model::Prior { likelihood, .. } => likelihood,
-        }
-    }
-
-    /// The latent marginals at the rows of `x`, row `i` as output `output(i)`
-    /// (a multi-output model reads the index as its last input).
-    fn marginals(&self, x: &DMatrix<f64>, output: impl Fn(usize) -> usize) -> Marginals {
-        let likelihood = self.likelihood();
-        let x = model_inputs(likelihood, x, output);
-        match &self.model {
-            Model::Learned(model) => model.posterior.predict_f(&x),
-            Model::Prior { kernel, .. } => {
-                let prior = kernel.diag(&x);
-                let q = likelihood.n_latent();
-                Marginals {
-                    mean: DMatrix::zeros(x.nrows(), q),
-                    var: DMatrix::from_fn(x.nrows(), q, |i, _| prior[i]),
-                }
-            }
-        }
-    }
-
     /// Refuses the records that cannot be used and scores those that ask to
     /// be: what to send on, and the accepted records. `once` passes the
     /// valid records that ask to be scored and refuses repeated ids among them.
@@ -129,9 +65,16 @@ impl Scorer {
         }
         let (mut to_score, refused) = once(to_score);
         out.extend(refused.into_iter().map(StageOutput::Rejected));
-        let scored: Vec<&Record> = to_score.iter().collect();
+        let inputs: Vec<ToScore> = (to_score.iter())
+            .map(|r| ToScore {
+                features: &r.features,
+                output: r.output,
+                label: r.label,
+            })
+            .collect();
+        let scored = self.model.score(&inputs, features, self.all_outputs);
         let multi = matches!(likelihood, Likelihood::MultiOutput(_));
-        for (record, (predictive, log_density, all_outputs)) in scored.iter().zip(self.score(&scored, features)) {
+        for (record, (predictive, log_density, all_outputs)) in to_score.iter().zip(scored) {
             out.push(StageOutput::Prediction(Prediction {
                 id: record.id,
                 epoch,
@@ -177,306 +120,254 @@ pub(super) fn partition_stage<'scope>(
     start: Start,
 ) -> StreamVec<'scope, Round, StageOutput> {
     let scope = records.scope();
-    let worker = scope.index();
-    let partition = Partition {
-        index: worker,
-        peers: scope.peers(),
-    };
-    let Start {
-        initial,
-        prior,
-        options,
-    } = start;
-    let GpOptions {
-        features,
-        scoring,
-        learned_through,
-        predict_all_outputs,
-        learn_in_background,
-        ..
-    } = options;
     let peers = scope.peers();
     let by_owner = Exchange::new(move |a: &Arrival| Partition::owner(route(a.record.id), peers) as u64);
     records.binary_frontier(queries, by_owner, Pipeline, "GpPartition", move |_, info| {
-        let likelihood = prior.1.clone();
-        let model = match initial {
-            Some(model) => Model::Learned(Box::new(model)),
-            None => Model::Prior {
-                kernel: prior.0,
-                likelihood: prior.1,
-            },
-        };
-        // Only a multi-output model has other outputs to predict.
-        let all_outputs = predict_all_outputs && matches!(likelihood, Likelihood::MultiOutput(_));
-        let mut scorer = Scorer {
-            model,
-            learned_through,
-            all_outputs,
-        };
-        let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
-        let mut asked: Vec<(Capability<Round>, Query)> = Vec::new();
-        // Labelled records handed to the learner and not yet learned, by epoch.
-        let mut ready: BTreeMap<u64, Vec<Record>> = BTreeMap::new();
-        // The query the shard's thread is answering, and the epoch of the shard it holds.
-        let mut answering: Option<Capability<Round>> = None;
-        let mut shard_epoch: Option<u64> = None;
-        // A background learner yields the cores anyway.
-        if scoring == Scoring::OnArrival && !learn_in_background {
-            score_promptly();
-        }
         let wake = scope.worker().sync_activator_for(info.address.to_vec());
-        let maker = ShardMaker {
-            partition,
-            features,
-            likelihood: likelihood.clone(),
+        let partition = Partition {
+            index: scope.index(),
+            peers,
         };
-        let shard_thread = Beside::spawn(
-            format!("dualgp-shard-{worker}"),
-            learn_in_background,
-            wake,
-            move |jobs, done| answer_jobs(maker, jobs, done),
-        );
-
+        let mut stage = PartitionWorker::new(partition, start, wake);
         move |(records, record_frontier), (queries, query_frontier), output| {
             queries.for_each_stamp(|cap, data| {
                 if let Some(cap) = cap.retain_least(output.output_index()) {
-                    asked.extend(data.flat_map(|d| d.drain(..)).map(|q| (cap.clone(), q)));
+                    stage.asked(cap, data.flat_map(|d| d.drain(..)));
                 }
             });
-            // The learner asks one question at a time, so answering in time order is answering in turn.
-            asked.sort_by(|a, b| a.0.time().cmp(b.0.time()));
-            loop {
-                if let Some(cap) = &answering {
-                    let done = match shard_thread.poll() {
-                        Polled::Ready(done) => done,
-                        Polled::Pending => break,
-                        Polled::Gone => ShardDone::failed("the shard's thread stopped"),
-                    };
-                    output.session(cap).give(StageOutput::Answer {
-                        worker,
-                        answer: done.answer.map(Box::new),
-                    });
-                    if let Some(model) = done.finished {
-                        scorer = Scorer {
-                            model: Model::Learned(model),
-                            learned_through: Some(cap.time().0),
-                            all_outputs,
-                        };
-                        shard_epoch = None;
-                    }
-                    answering = None;
-                }
-                if asked.is_empty() {
-                    break;
-                }
-                let (cap, query) = asked.remove(0);
-                let epoch = cap.time().0;
-                // An update runs at the time of the last epoch it learns.
-                let records = (shard_epoch != Some(epoch)).then(|| {
-                    let rest = ready.split_off(&(epoch + 1));
-                    std::mem::replace(&mut ready, rest)
-                });
-                shard_epoch = Some(epoch);
-                // Refused only by a thread that is gone, which the next poll reports.
-                let _ = shard_thread.send(ShardJob { records, query });
-                answering = Some(cap);
+            for (cap, answer) in stage.answers() {
+                output.session(&cap).give(answer);
             }
-
             records.for_each_stamp(|cap, data| {
-                let Some(cap) = cap.retain_least(output.output_index()) else {
-                    return;
-                };
-                let epoch = cap.time().0;
-                let mut arrivals: Vec<Arrival> = data.flat_map(|d| d.drain(..)).collect();
-                let entry = pending.entry(epoch).or_insert_with(|| Pending {
-                    capability: cap.clone(),
-                    arrivals: Vec::new(),
-                    ids: ArrivedIds::default(),
-                });
-                if scoring == Scoring::OnArrival {
-                    let ids = &mut entry.ids;
-                    let once = |records: Vec<Record>| {
-                        let (mut admitted, mut refused) = (Vec::new(), Vec::new());
-                        for record in records {
-                            match ids.admit(record, epoch) {
-                                Ok(record) => admitted.push(record),
-                                Err(rejected) => refused.push(rejected),
-                            }
-                        }
-                        (admitted, refused)
-                    };
-                    let (out, accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood, once);
+                if let Some(cap) = cap.retain_least(output.output_index()) {
+                    let out = stage.arrived(&cap, data.flat_map(|d| d.drain(..)).collect());
                     output.session(&cap).give_iterator(out.into_iter());
-                    arrivals = accepted
-                        .into_iter()
-                        .map(|record| Arrival { record, score: false })
-                        .collect();
                 }
-                entry.arrivals.extend(arrivals);
             });
-
-            // Hand an epoch to the learner (prequential: score it first) once
-            // all its records are in and, prequential, every earlier update is done.
-            while let Some(entry) = pending.first_entry() {
-                let start = (*entry.key(), 0);
-                let earlier_update_running = query_frontier.frontier().iter().any(|t| *t < start);
-                let wait = scoring == Scoring::Prequential && earlier_update_running;
-                if record_frontier.less_equal(&start) || wait {
-                    break;
-                }
-                let Pending {
-                    capability,
-                    arrivals,
-                    ids,
-                } = entry.remove();
-                let epoch = start.0;
-                // Prequential: the whole epoch at once; on arrival: scored
-                // (and repeats refused) already, only learned from here.
-                let once = |records| match scoring {
-                    Scoring::Prequential => once_per_id(records, epoch),
-                    Scoring::OnArrival => (records, Vec::new()),
-                };
-                let (out, mut accepted) = scorer.check_and_score(arrivals, epoch, features, &likelihood, once);
-                accepted.retain(|r| ids.learnable(r));
-                let mut session = output.session(&capability);
-                session.give_iterator(out.into_iter());
-                // Every worker answers for every epoch (`Nothing` without
-                // labels), so the learner can tell when an epoch is complete.
-                let labelled: Vec<Record> = accepted.into_iter().filter(|r| r.label.is_some()).collect();
-                let answer = if labelled.is_empty() {
-                    Answer::Nothing
-                } else {
-                    // The learner's first question, answered as a shard of
-                    // these records would: their inputs in id order (a
-                    // multi-output model's with the output index).
-                    let with_output = likelihood.reads_output_index();
-                    let mut rows: Vec<(PointId, Vec<f64>)> = labelled
-                        .iter()
-                        .map(|r| {
-                            let mut inputs = r.features.clone();
-                            if with_output {
-                                inputs.push(r.output as f64);
-                            }
-                            (PointId { batch: epoch, id: r.id }, inputs)
-                        })
-                        .collect();
-                    rows.sort_unstable_by_key(|row| row.0);
-                    ready.insert(epoch, labelled);
-                    Answer::Arrivals(rows)
-                };
-                session.give(StageOutput::Answer {
-                    worker,
-                    answer: Ok(Box::new(answer)),
-                });
+            let complete = |start: &Round| !record_frontier.less_equal(start);
+            let update_before = |start: &Round| query_frontier.frontier().iter().any(|t| t < start);
+            while let Some((cap, out)) = stage.hand_over(complete, update_before) {
+                output.session(&cap).give_iterator(out.into_iter());
             }
         }
     })
 }
 
-/// A query for the shard's thread, with the records (by epoch) of the shard
-/// to answer from when an update begins: the thread builds the shard, so the
-/// worker's own thread goes back to scoring at once.
-struct ShardJob {
-    records: Option<BTreeMap<u64, Vec<Record>>>,
-    query: Query,
-}
-
-/// What the shard's thread needs to build a shard of records.
-struct ShardMaker {
-    partition: Partition,
+/// One worker's part of the stage: the records it scores and holds until
+/// they are learned, and the shard's thread that answers the learner.
+struct PartitionWorker {
+    worker: usize,
     features: usize,
+    scoring: Scoring,
     likelihood: Likelihood,
+    scorer: Scorer,
+    /// Epochs not yet handed to the learner.
+    pending: BTreeMap<u64, Pending>,
+    /// The learner's questions not yet sent to the shard's thread.
+    asked: Vec<(Capability<Round>, Query)>,
+    /// Labelled records handed to the learner and not yet learned, by epoch.
+    ready: BTreeMap<u64, Vec<Record>>,
+    /// The question the shard's thread is answering.
+    answering: Option<Capability<Round>>,
+    /// The epoch of the update whose shard that thread holds.
+    shard_epoch: Option<u64>,
+    shard_thread: Beside<ShardJob, ShardDone>,
 }
 
-impl ShardMaker {
-    /// A shard of the labelled records of some epochs, each keeping its epoch as its batch.
-    fn shard_of(&self, epochs: BTreeMap<u64, Vec<Record>>) -> Shard {
-        let records: Vec<(u64, Record)> = epochs
-            .into_iter()
-            .flat_map(|(epoch, records)| records.into_iter().map(move |r| (epoch, r)))
-            .collect();
-        let ids: Vec<PointId> = records
+impl PartitionWorker {
+    fn new(partition: Partition, start: Start, wake: SyncActivator) -> Self {
+        let Start {
+            initial,
+            prior: (kernel, likelihood),
+            options,
+        } = start;
+        let worker = partition.index;
+        // A background learner yields the cores anyway.
+        if options.scoring == Scoring::OnArrival && !options.learn_in_background {
+            score_promptly();
+        }
+        let maker = ShardMaker {
+            partition,
+            features: options.features,
+            likelihood: likelihood.clone(),
+        };
+        let shard_thread = Beside::spawn(
+            format!("dualgp-shard-{worker}"),
+            options.learn_in_background,
+            wake,
+            move |jobs, done| answer_jobs(maker, jobs, done),
+        );
+        let model = match initial {
+            Some(model) => ScoringModel::Learned(Box::new(model)),
+            None => ScoringModel::Prior {
+                kernel,
+                likelihood: likelihood.clone(),
+            },
+        };
+        PartitionWorker {
+            worker,
+            features: options.features,
+            scoring: options.scoring,
+            scorer: Scorer {
+                model,
+                learned_through: options.learned_through,
+                // Only a multi-output model has other outputs to predict.
+                all_outputs: options.predict_all_outputs && matches!(likelihood, Likelihood::MultiOutput(_)),
+            },
+            likelihood,
+            pending: BTreeMap::new(),
+            asked: Vec::new(),
+            ready: BTreeMap::new(),
+            answering: None,
+            shard_epoch: None,
+            shard_thread,
+        }
+    }
+
+    /// Takes the learner's questions of one round.
+    fn asked(&mut self, cap: Capability<Round>, queries: impl Iterator<Item = Query>) {
+        self.asked.extend(queries.map(|q| (cap.clone(), q)));
+        // The learner asks one question at a time, so answering in time order is answering in turn.
+        self.asked.sort_by(|a, b| a.0.time().cmp(b.0.time()));
+    }
+
+    /// The shard's answers that are in, each under its question's
+    /// capability; sends the shard's thread the next question meanwhile.
+    /// After an update's last question the new model scores from here on.
+    fn answers(&mut self) -> Vec<(Capability<Round>, StageOutput)> {
+        let mut out = Vec::new();
+        loop {
+            if let Some(cap) = self.answering.take() {
+                let done = match self.shard_thread.poll() {
+                    Polled::Ready(done) => done,
+                    Polled::Pending => {
+                        self.answering = Some(cap);
+                        break;
+                    }
+                    Polled::Gone => ShardDone::failed("the shard's thread stopped"),
+                };
+                if let Some(model) = done.finished {
+                    self.scorer.model = ScoringModel::Learned(model);
+                    self.scorer.learned_through = Some(cap.time().0);
+                    self.shard_epoch = None;
+                }
+                let answer = StageOutput::Answer {
+                    worker: self.worker,
+                    answer: done.answer.map(Box::new),
+                };
+                out.push((cap, answer));
+            }
+            if self.asked.is_empty() {
+                break;
+            }
+            let (cap, query) = self.asked.remove(0);
+            let epoch = cap.time().0;
+            // An update runs at the time of the last epoch it learns.
+            let records = (self.shard_epoch != Some(epoch)).then(|| {
+                let rest = self.ready.split_off(&(epoch + 1));
+                std::mem::replace(&mut self.ready, rest)
+            });
+            self.shard_epoch = Some(epoch);
+            // Refused only by a thread that is gone, which the next poll reports.
+            let _ = self.shard_thread.send(ShardJob { records, query });
+            self.answering = Some(cap);
+        }
+        out
+    }
+
+    /// Holds arriving records for their epoch; scoring on arrival, scores
+    /// them now and returns the predictions and refusals.
+    fn arrived(&mut self, cap: &Capability<Round>, arrivals: Vec<Arrival>) -> Vec<StageOutput> {
+        let epoch = cap.time().0;
+        let entry = self.pending.entry(epoch).or_insert_with(|| Pending {
+            capability: cap.clone(),
+            arrivals: Vec::new(),
+            ids: ArrivedIds::default(),
+        });
+        if self.scoring == Scoring::Prequential {
+            entry.arrivals.extend(arrivals);
+            return Vec::new();
+        }
+        let ids = &mut entry.ids;
+        let once = |records: Vec<Record>| {
+            let (mut admitted, mut refused) = (Vec::new(), Vec::new());
+            for record in records {
+                match ids.admit(record, epoch) {
+                    Ok(record) => admitted.push(record),
+                    Err(rejected) => refused.push(rejected),
+                }
+            }
+            (admitted, refused)
+        };
+        let (out, accepted) = (self.scorer).check_and_score(arrivals, epoch, self.features, &self.likelihood, once);
+        let learn_only = accepted.into_iter().map(|record| Arrival { record, score: false });
+        entry.arrivals.extend(learn_only);
+        out
+    }
+
+    /// The first held epoch, handed to the learner once all its records are
+    /// in (`complete`) and, prequential, no earlier update runs: prequential,
+    /// its records scored now; every worker's answer to the update's first
+    /// question, `Nothing` without labels, so the learner can tell when an
+    /// epoch is complete.
+    fn hand_over(
+        &mut self,
+        complete: impl Fn(&Round) -> bool,
+        update_before: impl Fn(&Round) -> bool,
+    ) -> Option<(Capability<Round>, Vec<StageOutput>)> {
+        let entry = self.pending.first_entry()?;
+        let start = (*entry.key(), 0);
+        let wait = self.scoring == Scoring::Prequential && update_before(&start);
+        if !complete(&start) || wait {
+            return None;
+        }
+        let Pending {
+            capability,
+            arrivals,
+            ids,
+        } = entry.remove();
+        let epoch = start.0;
+        // Prequential: the whole epoch at once; on arrival: scored (and
+        // repeats refused) already, only learned from here.
+        let once = |records| match self.scoring {
+            Scoring::Prequential => once_per_id(records, epoch),
+            Scoring::OnArrival => (records, Vec::new()),
+        };
+        let (mut out, mut accepted) =
+            (self.scorer).check_and_score(arrivals, epoch, self.features, &self.likelihood, once);
+        accepted.retain(|r| ids.learnable(r));
+        let labelled: Vec<Record> = accepted.into_iter().filter(|r| r.label.is_some()).collect();
+        let answer = match labelled.is_empty() {
+            true => Answer::Nothing,
+            false => {
+                let arrivals = self.arrivals(epoch, &labelled);
+                self.ready.insert(epoch, labelled);
+                arrivals
+            }
+        };
+        out.push(StageOutput::Answer {
+            worker: self.worker,
+            answer: Ok(Box::new(answer)),
+        });
+        Some((capability, out))
+    }
+
+    /// The learner's first question, answered as a shard of these records
+    /// would: their inputs in id order (a multi-output model's with the output index).
+    fn arrivals(&self, epoch: u64, labelled: &[Record]) -> Answer {
+        let with_output = self.likelihood.reads_output_index();
+        let mut rows: Vec<(PointId, Vec<f64>)> = labelled
             .iter()
-            .map(|(batch, r)| PointId {
-                batch: *batch,
-                id: r.id,
+            .map(|r| {
+                let mut inputs = r.features.clone();
+                if with_output {
+                    inputs.push(r.output as f64);
+                }
+                (PointId { batch: epoch, id: r.id }, inputs)
             })
             .collect();
-        let x = DMatrix::from_fn(records.len(), self.features, |i, j| records[i].1.features[j]);
-        let y = DVector::from_iterator(records.len(), records.iter().map(|(_, r)| r.label.unwrap_or(0.0)));
-        let outputs = records.iter().map(|(_, r)| r.output).collect();
-        let data = Data::for_model(&self.likelihood, x, y, outputs).expect("checked on arrival");
-        Shard::of_points(self.partition, &ids, data)
-    }
-}
-
-/// The shard's answer, and after a Finish the new model, factorised for scoring.
-struct ShardDone {
-    answer: Result<Answer, String>,
-    finished: Option<Box<Snapshot>>,
-}
-
-impl ShardDone {
-    fn failed(why: &str) -> Self {
-        ShardDone {
-            answer: Err(why.into()),
-            finished: None,
-        }
-    }
-}
-
-/// The shard's thread: answers each query from the shard it holds, which
-/// it drops once the workers have taken up the update's model.
-fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results<ShardDone>) {
-    let mut shard: Option<Shard> = None;
-    while let Some(ShardJob { records, query }) = jobs.next() {
-        if let Some(records) = records {
-            // Without a shard every answer of this update is its failure.
-            shard = catch_unwind(AssertUnwindSafe(|| maker.shard_of(records))).ok();
-        }
-        let finished = match &query {
-            Query::Finish { model, .. } => Some(usable(model)),
-            _ => None,
-        };
-        let mut answer = answer_caught(&mut shard, query);
-        let finished = match finished {
-            Some(Err(why)) => {
-                answer = answer.and(Err(why));
-                None
-            }
-            Some(Ok(model)) if answer.is_ok() => Some(Box::new(model)),
-            _ => None,
-        };
-        if finished.is_some() {
-            shard = None;
-        }
-        if !done.send(ShardDone { answer, finished }) {
-            return;
-        }
-    }
-}
-
-/// The new model of a Finish query, factorised for scoring, or why it cannot be.
-fn usable(model: &Snapshot) -> Result<Snapshot, String> {
-    let mut model = model.clone();
-    model
-        .ensure_factors()
-        .map_err(|e| format!("cannot take up the new model: {e}"))?;
-    Ok(model)
-}
-
-/// The shard's answer to `query`; a panic while answering is this update's
-/// failure (the shard, left half-changed, is dropped), not this worker's.
-fn answer_caught(shard: &mut Option<Shard>, query: Query) -> Result<Answer, String> {
-    let Some(held) = shard.as_mut() else {
-        return Err("no records held for this update".into());
-    };
-    match catch_unwind(AssertUnwindSafe(|| held.answer(query))) {
-        Ok(answer) => Ok(answer),
-        Err(panic) => {
-            *shard = None;
-            Err(format!("answering panicked: {}", panic_message(&*panic)))
-        }
+        rows.sort_unstable_by_key(|row| row.0);
+        Answer::Arrivals(rows)
     }
 }
 

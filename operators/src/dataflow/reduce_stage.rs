@@ -20,6 +20,7 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
+use timely::scheduling::SyncActivator;
 
 use super::beside::{Beside, Jobs, Polled, Results};
 use super::health::{panic_message, unusable};
@@ -215,112 +216,180 @@ pub(super) fn reduce_stage<'scope>(
     learner: SequentialLearner,
     options: GpOptions,
 ) -> StreamVec<'scope, Round, ReduceOutput> {
-    let max_epochs = options.max_epochs_per_update;
     let scope = answers.scope();
-    let reducer = scope.index() == 0;
+    let is_reducer = scope.index() == 0;
     let peers = scope.peers();
     answers.unary_frontier(
         Exchange::new(|_: &(usize, WorkerAnswer)| 0),
         "GpReduce",
         move |_, info| {
             // The learner lives on its thread, on the reducing worker only.
-            let learner_thread = reducer.then(|| {
+            let mut reducer = is_reducer.then(|| {
                 let wake = scope.worker().sync_activator_for(info.address.to_vec());
-                Beside::spawn(
-                    "dualgp-learner".into(),
-                    options.learn_in_background,
-                    wake,
-                    move |jobs, steps| run_updates(learner, jobs, steps),
-                )
+                Reducer::new(learner, &options, peers, wake)
             });
-            let mut running: Option<Running> = None;
-            let mut stash: BTreeMap<Round, Answers> = BTreeMap::new();
-
             move |(input, frontier), output| {
                 input.for_each_stamp(|cap, data| {
-                    if let Some(cap) = cap.retain_least(output.output_index()) {
-                        let entry = stash.entry(*cap.time()).or_insert_with(|| (cap, Vec::new()));
-                        entry.1.extend(data.flat_map(|d| d.drain(..)));
-                    }
-                });
-                let Some(thread) = learner_thread.as_ref() else {
-                    return; // answers go to the reducing worker only
-                };
-                loop {
-                    // Where the learner's thread stands, if it is working and has moved on.
-                    if let Some(cap) = running.as_ref().and_then(|run| run.waiting.as_ref()) {
-                        let step = match thread.poll() {
-                            Polled::Ready(step) => step,
-                            Polled::Pending => break,
-                            // It catches every panic of an update, so this is a bug.
-                            Polled::Gone => panic!("the learner's thread stopped outside an update"),
-                        };
-                        let (learner, outcome) = match step {
-                            Step::Asks(query) => {
-                                output.session(cap).give(ReduceOutput::Query(query));
-                                running.as_mut().expect("matched above").waiting = None;
-                                continue;
-                            }
-                            Step::Ended { learner, outcome } => (learner, outcome),
-                        };
-                        let Running { from_epoch, waiting } = running.take().expect("matched above");
-                        let cap = waiting.expect("matched above");
-                        output.session(&cap).give(ReduceOutput::Update(Box::new(ModelUpdate {
-                            epoch: cap.time().0,
-                            from_epoch,
-                            outcome,
-                            learner: *learner,
-                        })));
-                    }
-                    let Some(entry) = stash.first_entry() else { break };
-                    if frontier.less_equal(entry.key()) {
-                        break;
-                    }
-                    let (mut cap, mut answers) = entry.remove();
-                    let from_epoch = cap.time().0;
-                    let begins = cap.time().1 == 0;
-                    if begins {
-                        // Epochs that every worker has handed over meanwhile are
-                        // learned with this one, at the last one's time. (The
-                        // frontier cannot say they are complete: this stage's own
-                        // capabilities hold it back.)
-                        for _ in 1..max_epochs {
-                            let Some(next) = stash.first_entry() else { break };
-                            if next.key().1 != 0 || next.get().1.len() < peers {
-                                break;
-                            }
-                            let (next_cap, more) = next.remove();
-                            answers.extend(more);
-                            cap = next_cap;
-                        }
-                    }
-                    // Worker order (then epoch order): the sums do not depend on which worker answered first.
-                    answers.sort_by_key(|a| a.0);
-                    let merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
-                        a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
-                    });
-                    if begins && matches!(merged, Ok(Answer::Nothing)) {
-                        continue; // no worker had a labelled record
-                    }
-                    let job = match (begins, merged) {
-                        (true, Ok(arrivals)) => Job::Begin { arrivals },
-                        (true, Err(why)) => Job::Refuse(why),
-                        (false, Ok(merged)) => Job::Answer(merged),
-                        // Its thread, waiting for this answer, ends the update with the reason.
-                        (false, Err(why)) => Job::Abort(why),
+                    // Answers go to the reducing worker only.
+                    let (Some(reducer), Some(cap)) = (reducer.as_mut(), cap.retain_least(output.output_index())) else {
+                        return;
                     };
-                    if begins {
-                        running = Some(Running {
-                            from_epoch,
-                            waiting: None,
-                        });
+                    reducer.answered(cap, data.flat_map(|d| d.drain(..)));
+                });
+                if let Some(reducer) = reducer.as_mut() {
+                    for (cap, out) in reducer.outputs(|round| !frontier.less_equal(round)) {
+                        output.session(&cap).give(out);
                     }
-                    let run = running.as_mut().expect("answers arrive only while an update runs");
-                    // Refused only by a thread that is gone, which the next poll reports.
-                    let _ = thread.send(job);
-                    run.waiting = Some(cap);
                 }
             }
         },
     )
+}
+
+/// The reducing worker's part: the learner's thread, the update it runs,
+/// and the workers' answers not yet handed to it, by round.
+struct Reducer {
+    thread: Beside<Job, Step>,
+    running: Option<Running>,
+    stash: BTreeMap<Round, Answers>,
+    max_epochs: usize,
+    peers: usize,
+}
+
+impl Reducer {
+    fn new(learner: SequentialLearner, options: &GpOptions, peers: usize, wake: SyncActivator) -> Self {
+        let thread = Beside::spawn(
+            "dualgp-learner".into(),
+            options.learn_in_background,
+            wake,
+            move |jobs, steps| run_updates(learner, jobs, steps),
+        );
+        Reducer {
+            thread,
+            running: None,
+            stash: BTreeMap::new(),
+            max_epochs: options.max_epochs_per_update,
+            peers,
+        }
+    }
+
+    /// Holds workers' answers of the round at `cap`.
+    fn answered(&mut self, cap: Capability<Round>, answers: impl Iterator<Item = (usize, WorkerAnswer)>) {
+        let entry = self.stash.entry(*cap.time()).or_insert_with(|| (cap, Vec::new()));
+        entry.1.extend(answers);
+    }
+
+    /// What to send on (the learner's next question, or its update), each
+    /// under its round's capability; hands the learner's thread every round
+    /// that is `complete` meanwhile.
+    fn outputs(&mut self, complete: impl Fn(&Round) -> bool) -> Vec<(Capability<Round>, ReduceOutput)> {
+        let mut out = Vec::new();
+        loop {
+            match self.learner_moved() {
+                Moved::Not => break,
+                Moved::Sent(cap, sent) => {
+                    out.push((cap, sent));
+                    continue;
+                }
+                Moved::Idle => {}
+            }
+            let Some(entry) = self.stash.first_entry() else { break };
+            if !complete(entry.key()) {
+                break;
+            }
+            let (cap, answers) = entry.remove();
+            self.hand_over(cap, answers);
+        }
+        out
+    }
+
+    /// Where the learner's thread stands: working, idle, or with something to send on.
+    fn learner_moved(&mut self) -> Moved {
+        let Some(run) = self.running.as_mut() else {
+            return Moved::Idle;
+        };
+        let Some(cap) = run.waiting.take() else {
+            return Moved::Idle;
+        };
+        let step = match self.thread.poll() {
+            Polled::Ready(step) => step,
+            Polled::Pending => {
+                run.waiting = Some(cap);
+                return Moved::Not;
+            }
+            // It catches every panic of an update, so this is a bug.
+            Polled::Gone => panic!("the learner's thread stopped outside an update"),
+        };
+        match step {
+            Step::Asks(query) => Moved::Sent(cap, ReduceOutput::Query(query)),
+            Step::Ended { learner, outcome } => {
+                let from_epoch = run.from_epoch;
+                self.running = None;
+                let update = ModelUpdate {
+                    epoch: cap.time().0,
+                    from_epoch,
+                    outcome,
+                    learner: *learner,
+                };
+                Moved::Sent(cap, ReduceOutput::Update(Box::new(update)))
+            }
+        }
+    }
+
+    /// Hands the learner's thread a complete round: an update's first (its
+    /// batch), or the answer to its last question.
+    fn hand_over(&mut self, mut cap: Capability<Round>, mut answers: Vec<(usize, WorkerAnswer)>) {
+        let from_epoch = cap.time().0;
+        let begins = cap.time().1 == 0;
+        if begins {
+            // Epochs that every worker has handed over meanwhile are learned
+            // with this one, at the last one's time. (The frontier cannot say
+            // they are complete: this stage's own capabilities hold it back.)
+            for _ in 1..self.max_epochs {
+                let Some(next) = self.stash.first_entry() else { break };
+                if next.key().1 != 0 || next.get().1.len() < self.peers {
+                    break;
+                }
+                let (next_cap, more) = next.remove();
+                answers.extend(more);
+                cap = next_cap;
+            }
+        }
+        // Worker order (then epoch order): the sums do not depend on which worker answered first.
+        answers.sort_by_key(|a| a.0);
+        let merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
+            a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
+        });
+        if begins && matches!(merged, Ok(Answer::Nothing)) {
+            return; // no worker had a labelled record
+        }
+        let job = match (begins, merged) {
+            (true, Ok(arrivals)) => Job::Begin { arrivals },
+            (true, Err(why)) => Job::Refuse(why),
+            (false, Ok(merged)) => Job::Answer(merged),
+            // Its thread, waiting for this answer, ends the update with the reason.
+            (false, Err(why)) => Job::Abort(why),
+        };
+        let run = match (begins, self.running.as_mut()) {
+            (false, Some(run)) => run,
+            (true, _) => self.running.insert(Running {
+                from_epoch,
+                waiting: None,
+            }),
+            (false, None) => unreachable!("answers arrive only to an update's questions"),
+        };
+        // Refused only by a thread that is gone, which the next poll reports.
+        let _ = self.thread.send(job);
+        run.waiting = Some(cap);
+    }
+}
+
+/// [`Reducer::learner_moved`]'s finding.
+enum Moved {
+    /// Still working on the round it was given.
+    Not,
+    /// Waiting for the next complete round.
+    Idle,
+    /// Its next question or its update, to send on under this capability.
+    Sent(Capability<Round>, ReduceOutput),
 }

@@ -19,6 +19,7 @@ pub mod math;
 pub mod multi;
 pub mod posterior;
 pub mod predict;
+pub mod scoring;
 
 pub use baselines::offline::{fit_offline, InducingUpdate, OfflineConfig, OfflineModel};
 pub use baselines::osgpr::{OsgprConfig, OsgprInducing, OsgprLearner, OsgprReport};

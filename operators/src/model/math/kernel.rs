@@ -875,7 +875,7 @@ fn row_sq_norms(x: &DMatrix<f64>) -> DVector<f64> {
 /// `Σ_ij W_ij (a_ik − b_jk)²` for every input k, expanded into
 /// `Σ_i a_ik² (W1)_i − 2 cross_k + Σ_j b_jk² (Wᵀ1)_j` with `cross_k = Σ_ij W_ij a_ik b_jk`.
 fn weighted_sq_diffs(a: &DMatrix<f64>, b: &DMatrix<f64>, w: &DMatrix<f64>, cross: &[f64]) -> Vec<f64> {
-    let (row_sums, col_sums) = (w.column_sum(), column_totals(&w));
+    let (row_sums, col_sums) = (w.column_sum(), column_totals(w));
     (0..a.ncols())
         .map(|k| {
             let (ak, bk) = (a.column(k), b.column(k));
