@@ -556,88 +556,84 @@ impl Family {
     /// where libm's one-at-a-time `exp` was a tenth of an update's time.
     fn profiles(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
         match self {
-            Family::SquaredExponential => chunked(values, slopes, |r2| 0.5 * r2, |_, e| e, |_, e| -0.5 * e),
+            Family::SquaredExponential => Form {
+                exponent: |r2| 0.5 * r2,
+                value: |_, e| e,
+                slope: |_, e| -0.5 * e,
+            }
+            .apply(values, slopes),
             // The slope `−e^{−r}/(2r)` diverges at r = 0, but it is only ever
             // multiplied by some `Δ_k²/ℓ_k² ≤ r²`, which is 0 there, so r = 0 contributes 0.
-            Family::Matern12 => chunked(
-                values,
-                slopes,
-                f64::sqrt,
-                |_, e| e,
-                |r, e| if r > 0.0 { -0.5 * e / r } else { 0.0 },
-            ),
-            Family::Matern32 => chunked(
-                values,
-                slopes,
-                |r2| SQRT_3 * r2.sqrt(),
-                |s, e| (1.0 + s) * e,
-                |_, e| -1.5 * e,
-            ),
-            Family::Matern52 => chunked(
-                values,
-                slopes,
-                |r2| SQRT_5 * r2.sqrt(),
-                |s, e| (1.0 + s + s * s / 3.0) * e,
-                |s, e| -(5.0 / 6.0) * (1.0 + s) * e,
-            ),
-        }
-    }
-}
-
-/// [`Family::profiles`] for one family: `s = exponent(r²)`, `e = e^{−s}`,
-/// then `value(s, e)` and `slope(s, e)`, in one pass. Compiled for AVX2
-/// where the CPU has it (four values a lane, the square roots and the
-/// exponential included); the operations are the same plain IEEE ones on
-/// every path, so are the bits.
-fn chunked(
-    values: &mut [f64],
-    slopes: Option<&mut [f64]>,
-    exponent: impl Fn(f64) -> f64,
-    value: impl Fn(f64, f64) -> f64,
-    slope: impl Fn(f64, f64) -> f64,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        unsafe { chunked_avx2(values, slopes, exponent, value, slope) };
-        return;
-    }
-    fused(values, slopes, exponent, value, slope);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn chunked_avx2(
-    values: &mut [f64],
-    slopes: Option<&mut [f64]>,
-    exponent: impl Fn(f64) -> f64,
-    value: impl Fn(f64, f64) -> f64,
-    slope: impl Fn(f64, f64) -> f64,
-) {
-    fused(values, slopes, exponent, value, slope);
-}
-
-#[inline(always)]
-fn fused(
-    values: &mut [f64],
-    slopes: Option<&mut [f64]>,
-    exponent: impl Fn(f64) -> f64,
-    value: impl Fn(f64, f64) -> f64,
-    slope: impl Fn(f64, f64) -> f64,
-) {
-    match slopes {
-        Some(slopes) => {
-            for (v, out) in values.iter_mut().zip(slopes) {
-                let s = exponent(*v);
-                let e = exp_nonpositive(-s);
-                *out = slope(s, e);
-                *v = value(s, e);
+            Family::Matern12 => Form {
+                exponent: f64::sqrt,
+                value: |_, e| e,
+                slope: |r, e| if r > 0.0 { -0.5 * e / r } else { 0.0 },
             }
+            .apply(values, slopes),
+            Family::Matern32 => Form {
+                exponent: |r2: f64| SQRT_3 * r2.sqrt(),
+                value: |s, e| (1.0 + s) * e,
+                slope: |_, e| -1.5 * e,
+            }
+            .apply(values, slopes),
+            Family::Matern52 => Form {
+                exponent: |r2: f64| SQRT_5 * r2.sqrt(),
+                value: |s, e| (1.0 + s + s * s / 3.0) * e,
+                slope: |s, e| -(5.0 / 6.0) * (1.0 + s) * e,
+            }
+            .apply(values, slopes),
         }
-        None => {
-            for v in values {
-                let s = exponent(*v);
-                *v = value(s, exp_nonpositive(-s));
+    }
+}
+
+/// A family's profile as `poly(s)·e^{−s}`: `s = exponent(r²)`, then with
+/// `e = e^{−s}` its `value(s, e)` and `slope(s, e)`.
+#[derive(Clone, Copy)]
+struct Form<E, V, S> {
+    exponent: E,
+    value: V,
+    slope: S,
+}
+
+impl<E: Fn(f64) -> f64, V: Fn(f64, f64) -> f64, S: Fn(f64, f64) -> f64> Form<E, V, S> {
+    /// Overwrites each r² in `values` with the profile and, given `slopes`,
+    /// sets those to its slope, in one pass. Compiled for AVX2 where the CPU
+    /// has it (four values a lane, the square roots and the exponential
+    /// included); the operations are the same plain IEEE ones on every
+    /// path, so are the bits.
+    fn apply(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            unsafe { self.apply_avx2(values, slopes) };
+            return;
+        }
+        self.fused(values, slopes);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn apply_avx2(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+        self.fused(values, slopes);
+    }
+
+    #[inline(always)]
+    fn fused(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+        let Form { exponent, value, slope } = self;
+        match slopes {
+            Some(slopes) => {
+                for (v, out) in values.iter_mut().zip(slopes) {
+                    let s = exponent(*v);
+                    let e = exp_nonpositive(-s);
+                    *out = slope(s, e);
+                    *v = value(s, e);
+                }
+            }
+            None => {
+                for v in values {
+                    let s = exponent(*v);
+                    *v = value(s, exp_nonpositive(-s));
+                }
             }
         }
     }
@@ -1296,13 +1292,15 @@ pub(super) mod tests {
         let r2: Vec<f64> = (0..1001)
             .map(|i| if i % 50 == 0 { 0.0 } else { rng.random_range(0.0..40.0) })
             .collect();
-        let exponent = |r2: f64| SQRT_5 * r2.sqrt();
-        let value = |s: f64, e: f64| (1.0 + s + s * s / 3.0) * e;
-        let slope = |s: f64, e: f64| -(5.0 / 6.0) * (1.0 + s) * e;
+        let form = Form {
+            exponent: |r2: f64| SQRT_5 * r2.sqrt(),
+            value: |s: f64, e: f64| (1.0 + s + s * s / 3.0) * e,
+            slope: |s: f64, e: f64| -(5.0 / 6.0) * (1.0 + s) * e,
+        };
         let (mut dispatched, mut portable) = (r2.clone(), r2.clone());
         let (mut dispatched_slopes, mut portable_slopes) = (vec![0.0; r2.len()], vec![0.0; r2.len()]);
-        chunked(&mut dispatched, Some(&mut dispatched_slopes), exponent, value, slope);
-        fused(&mut portable, Some(&mut portable_slopes), exponent, value, slope);
+        form.apply(&mut dispatched, Some(&mut dispatched_slopes));
+        form.fused(&mut portable, Some(&mut portable_slopes));
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&dispatched), bits(&portable));
         assert_eq!(bits(&dispatched_slopes), bits(&portable_slopes));
