@@ -146,6 +146,14 @@ pub enum Reason {
         /// The learner's reason.
         detail: String,
     },
+    /// A message larger than a record may be, left undecoded.
+    #[error("the message is {bytes} bytes, over the limit of {limit} bytes a record may take")]
+    TooLarge {
+        /// The message's size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 /// The kind of a [`Reason`], for counting.
@@ -174,6 +182,8 @@ pub enum ReasonKind {
     Late,
     /// [`Reason::Refused`].
     Refused,
+    /// [`Reason::TooLarge`].
+    TooLarge,
 }
 
 impl ReasonKind {
@@ -191,6 +201,7 @@ impl ReasonKind {
             ReasonKind::Undecodable => "undecodable",
             ReasonKind::Late => "late",
             ReasonKind::Refused => "refused",
+            ReasonKind::TooLarge => "too_large",
         }
     }
 }
@@ -216,6 +227,7 @@ impl Reason {
             Reason::Undecodable { .. } => ReasonKind::Undecodable,
             Reason::Late { .. } => ReasonKind::Late,
             Reason::Refused { .. } => ReasonKind::Refused,
+            Reason::TooLarge { .. } => ReasonKind::TooLarge,
         }
     }
 }
@@ -231,7 +243,23 @@ pub struct DeadLetter {
     pub reason: Reason,
 }
 
+/// The most of a reason a dead-letter message carries: a reason can list a
+/// message's fields, and a letter must stay well within a broker's message
+/// limit (1 MB by default) beside its payload excerpt.
+pub const MAX_REASON_TEXT: usize = 4 * 1024;
+
 impl DeadLetter {
+    /// The reason as text, cut to [`MAX_REASON_TEXT`] bytes (saying so).
+    pub fn reason_text(&self) -> String {
+        let mut text = self.reason.to_string();
+        if text.len() > MAX_REASON_TEXT {
+            let all = text.len();
+            text.truncate(text.floor_char_boundary(MAX_REASON_TEXT));
+            text.push_str(&format!("… ({all} bytes in all)"));
+        }
+        text
+    }
+
     /// A record the learner refused (it passed the source's checks but not
     /// the model's: a wrong dimension, a label outside the likelihood's support).
     pub fn refused(rejected: &Rejected) -> DeadLetter {

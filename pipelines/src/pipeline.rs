@@ -92,6 +92,9 @@ pub enum Source {
         /// Seconds to wait for the brokers before giving up.
         #[serde(default = "thirty")]
         broker_timeout: f64,
+        /// A message larger than this many bytes is a dead letter.
+        #[serde(default = "max_record_bytes")]
+        max_record_bytes: usize,
         /// Stop once no worker has had input for this many seconds.
         idle_exit: Option<f64>,
         /// Prometheus metrics on 127.0.0.1:PORT.
@@ -124,6 +127,9 @@ fn thousand() -> u64 {
 }
 fn thirty() -> f64 {
     30.0
+}
+fn max_record_bytes() -> usize {
+    dualgp_connectors::kafka::MAX_RECORD_BYTES
 }
 fn dualgp() -> String {
     "dualgp".into()
@@ -213,6 +219,7 @@ impl PipelineConfig {
                 group_id,
                 options,
                 broker_timeout,
+                max_record_bytes,
                 idle_exit,
                 metrics_port,
             } => {
@@ -239,6 +246,7 @@ impl PipelineConfig {
                     group_id: group_id.clone(),
                     kafka_options: options.clone().into_iter().collect(),
                     broker_timeout: *broker_timeout,
+                    max_record_bytes: *max_record_bytes,
                     epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::serve::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::OnArrival),
                     learn_in_background: self.learn_in_background.unwrap_or(false),

@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dualgp_connectors::kafka::{create_topic, dlq_topic, topic_partitions, topic_partitions_noting, Waiting};
+use dualgp_connectors::kafka::{
+    create_topic, dlq_topic, topic_partitions, topic_partitions_noting, Waiting, MAX_RECORD_BYTES,
+};
 use dualgp_connectors::{
     DeadLetterProducer, KafkaConnection, KafkaError, KafkaPosition, KafkaSource, KafkaSourceConfig, PredictionProducer,
     StartOffset, WorkerShare,
@@ -120,6 +122,9 @@ pub struct ServeArgs {
     /// The longest wait for the broker (start-up, an outage) before a clear error.
     #[arg(long, default_value_t = 30.0)]
     pub broker_timeout: f64,
+    /// A message larger than this is a `too_large` dead letter, never parsed.
+    #[arg(long, value_name = "BYTES", default_value_t = MAX_RECORD_BYTES)]
+    pub max_record_bytes: usize,
     /// Epochs read ahead of the learner at most: with on-arrival scoring,
     /// the most epochs a record's model can lag behind it.
     #[arg(long, default_value_t = EPOCHS_IN_FLIGHT)]
@@ -249,6 +254,9 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     if args.epochs_in_flight == 0 {
         bail!("--epochs-in-flight 0: allow at least one epoch in flight");
     }
+    if args.max_record_bytes == 0 {
+        bail!("--max-record-bytes 0: a record needs at least one byte");
+    }
     if !args.progress.is_finite() || args.progress <= 0.0 {
         bail!("--progress must be above 0 seconds (--quiet for no progress lines)");
     }
@@ -287,6 +295,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         epoch_records: args.batch_size,
         epoch_ms: args.batch_timeout_ms,
         start: StartOffset::Committed,
+        max_record_bytes: args.max_record_bytes,
         ..KafkaSourceConfig::default()
     };
     // Process 0 alone reads the checkpoint directory; the others hear from it.

@@ -52,6 +52,12 @@ impl MessageOrigin<'_> {
 
 /// Dead-letter payloads are capped so one huge message cannot flood the sink.
 const MAX_PAYLOAD_TEXT: usize = 64 * 1024;
+/// What a dead letter shows of a message over the size limit: enough to
+/// find it by, not so much that the letters of big messages pile up.
+const MAX_OVERSIZED_TEXT: usize = 1024;
+/// The default limit on a message's size: 1 MiB, a Kafka broker's own
+/// default limit (`message.max.bytes`).
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
 const IPC_CONTINUATION: [u8; 4] = [0xFF; 4];
 
 /// Decodes messages with one [`ColumnMapping`]. With features given by
@@ -63,6 +69,8 @@ pub struct MessageDecoder {
     format: MessageFormat,
     /// Feature names, once known (given, or fixed by the first message).
     features: Option<Vec<String>>,
+    /// Messages larger than this are dead letters, never parsed.
+    max_bytes: Option<usize>,
 }
 
 impl MessageDecoder {
@@ -75,7 +83,16 @@ impl MessageDecoder {
             features: mapping.known_feature_names(),
             mapping,
             format,
+            max_bytes: None,
         }
+    }
+
+    /// The same decoder, turning messages over `max_bytes` into `too_large`
+    /// dead letters without parsing them (a parse of a huge message costs
+    /// many times its size in memory).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = Some(max_bytes);
+        self
     }
 
     /// The feature names, once known.
@@ -97,7 +114,18 @@ impl MessageDecoder {
             MessageFormat::ArrowIpc => true,
             MessageFormat::Auto => bytes.starts_with(&IPC_CONTINUATION),
         };
-        if bytes.is_empty() {
+        if let Some(limit) = self.max_bytes.filter(|&limit| bytes.len() > limit) {
+            let mut payload = payload_text(&bytes[..MAX_OVERSIZED_TEXT.min(bytes.len())]);
+            payload.push_str(&format!("… ({} bytes in all)", bytes.len()));
+            dead.push(DeadLetter {
+                origin: origin.at(None),
+                payload,
+                reason: Reason::TooLarge {
+                    bytes: bytes.len() as u64,
+                    limit: limit as u64,
+                },
+            });
+        } else if bytes.is_empty() {
             dead.push(DeadLetter {
                 origin: origin.at(None),
                 payload: String::new(),
@@ -444,6 +472,54 @@ mod tests {
         assert_eq!(dead[0].reason.kind(), ReasonKind::Undecodable);
         let (_, dead) = decode(&mut d, &[0xc3, 0x28, 0x01]);
         assert_eq!(dead[0].payload, "hex:c32801");
+    }
+
+    /// A message over the limit is a `too_large` dead letter with a short
+    /// excerpt, never parsed; nesting deeper than serde_json's recursion
+    /// limit (128) is an `undecodable` one, not a stack overflow.
+    #[test]
+    fn oversized_and_deeply_nested_messages_are_dead_letters() {
+        let mut d = MessageDecoder::new(&ColumnMapping::default(), MessageFormat::Auto).with_max_bytes(100);
+        let big = format!(r#"{{"id": 1, "x0": 1, "x1": 2, "pad": "{}"}}"#, "a".repeat(5000));
+        let (r, dead) = decode(&mut d, big.as_bytes());
+        assert!(r.is_empty());
+        assert_eq!(
+            dead[0].reason,
+            Reason::TooLarge {
+                bytes: big.len() as u64,
+                limit: 100
+            }
+        );
+        assert!(dead[0].payload.starts_with(r#"{"id": 1, "x0""#), "{}", dead[0].payload);
+        assert!(dead[0].payload.len() < 1100, "{}", dead[0].payload.len());
+        // At the limit is not over it.
+        let (r, _) = decode(&mut d, br#"{"id": 2, "x0": 1, "x1": 2}"#);
+        assert_eq!(r.len(), 1);
+
+        let mut d = MessageDecoder::new(&ColumnMapping::default(), MessageFormat::Auto);
+        let deep = format!(
+            r#"{{"id": 3, "x0": {}1{}, "x1": 2}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let (r, dead) = decode(&mut d, deep.as_bytes());
+        assert!(r.is_empty());
+        assert_eq!(dead[0].reason.kind(), ReasonKind::Undecodable);
+        assert!(
+            dead[0].reason.to_string().contains("recursion limit"),
+            "{}",
+            dead[0].reason
+        );
+        // A reason that lists a message's fields is cut for the letter.
+        let wide: Vec<String> = (0..20_000).map(|i| format!(r#""x{i}": 1"#)).collect();
+        let wide = format!(r#"{{"id": 4, {}}}"#, wide.join(", "));
+        let (_, _) = decode(&mut d, br#"{"id": 5, "x0": 1, "x1": 2}"#);
+        let (_, dead) = decode(&mut d, wide.as_bytes());
+        assert_eq!(dead[0].reason.kind(), ReasonKind::FeatureMismatch);
+        assert!(dead[0].reason.to_string().len() > 100_000);
+        let text = dead[0].reason_text();
+        assert!(text.len() < crate::dead_letter::MAX_REASON_TEXT + 100, "{}", text.len());
+        assert!(text.ends_with("bytes in all)"), "{text}");
     }
 
     #[test]

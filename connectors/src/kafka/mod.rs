@@ -25,7 +25,7 @@ use rdkafka::config::ClientConfig;
 use serde::{Deserialize, Serialize};
 
 pub use admin::{create_topic, topic_partitions, topic_partitions_noting, Waiting};
-pub use message::{MessageDecoder, MessageFormat, MessageOrigin};
+pub use message::{MessageDecoder, MessageFormat, MessageOrigin, MAX_RECORD_BYTES};
 pub use sink::{dlq_topic, prediction_json, DeadLetterProducer, PredictionProducer};
 pub use source::{KafkaPosition, KafkaSource, KafkaSourceConfig, StartOffset};
 

@@ -230,7 +230,7 @@ impl DeadLetterProducer {
             let message = DeadLetterMessage {
                 origin: &d.origin,
                 kind: d.reason.kind(),
-                reason: d.reason.to_string(),
+                reason: d.reason_text(),
                 payload: &d.payload,
             };
             let json = serde_json::to_string(&message).unwrap_or_default();

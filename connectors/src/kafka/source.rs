@@ -21,7 +21,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use super::admin::wait_for_partitions;
-use super::message::{MessageDecoder, MessageFormat, MessageOrigin};
+use super::message::{MessageDecoder, MessageFormat, MessageOrigin, MAX_RECORD_BYTES};
 use super::{KafkaConnection, KafkaError};
 use crate::dead_letter::{Counters, DeadLetter};
 use crate::epoch::{EpochPart, WorkerShare};
@@ -61,6 +61,9 @@ pub struct KafkaSourceConfig {
     pub epoch_ms: u64,
     /// Where partitions without a resume offset start.
     pub start: StartOffset,
+    /// A message larger than this many bytes is a `too_large` dead letter,
+    /// never parsed.
+    pub max_record_bytes: usize,
 }
 
 impl Default for KafkaSourceConfig {
@@ -74,6 +77,7 @@ impl Default for KafkaSourceConfig {
             epoch_records: 1000,
             epoch_ms: 1000,
             start: StartOffset::Committed,
+            max_record_bytes: MAX_RECORD_BYTES,
         }
     }
 }
@@ -213,7 +217,7 @@ impl KafkaSource {
             partitions,
             offsets,
             next_epoch: resume.map_or(0, |r| r.next_epoch),
-            decoder: MessageDecoder::new(&config.mapping, config.format),
+            decoder: MessageDecoder::new(&config.mapping, config.format).with_max_bytes(config.max_record_bytes),
             config: config.clone(),
             records: Vec::new(),
             dead_letters: Vec::new(),
@@ -479,6 +483,9 @@ fn check(config: &KafkaSourceConfig, share: WorkerShare, resume: Option<&KafkaPo
             "worker {} of {}: the index must be below the number of workers",
             share.index, share.peers
         )));
+    }
+    if config.max_record_bytes == 0 {
+        return Err(KafkaError::Config("max_record_bytes must be above 0".into()));
     }
     if config.epoch_records == 0 || config.epoch_ms == 0 {
         return Err(KafkaError::Config(
