@@ -1,8 +1,11 @@
 //! The model flags `eval`, `replay` and `serve` share, and the settings they
-//! resolve to. Every default lives here, in [`ModelArgs::settings`].
+//! resolve to ([`ModelArgs::settings`]): the learner's preset from the model
+//! crate ([`SequentialConfig::tuned`], or `reference`), the kernel's
+//! defaults, and every flag given over them.
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use dualgp_operators::model::dual::presets::{LBFGS_HISTORY, MEMORY_BOUND};
 use dualgp_operators::model::{
     fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
     OfflineConfig, OfflineModel, Optimizer, OsgprConfig, OsgprInducing, OsgprLearner, PastInMStep, Pivot,
@@ -351,7 +354,7 @@ pub struct Settings {
     pub var_gp: VarGpConfig,
     /// `--method offline`: `--m-steps` are the fit's L-BFGS iterations.
     pub offline: OfflineConfig,
-    /// A conjugate likelihood's M-step runs [`CONJUGATE_M_STEPS`] iterations
+    /// A conjugate likelihood's M-step runs [`CONJUGATE_M_STEPS`](dualgp_operators::model::dual::presets::CONJUGATE_M_STEPS) iterations
     /// with no gain tolerance (see [`Settings::sequential_for`]); off once
     /// `--m-steps` or `--m-tolerance` is given, and in the reference preset.
     pub conjugate_m_step: bool,
@@ -407,35 +410,6 @@ impl ModelArgs {
 
 /// Adam's learning rate when `--m-lr` is not given.
 const ADAM_LR: f64 = 0.05;
-/// Curvature pairs L-BFGS keeps.
-const LBFGS_HISTORY: usize = 10;
-
-/// The most points a per-batch memory holds by default (see the default settings).
-pub const MEMORY_BOUND: usize = 1000;
-
-/// The most points of batch and memory the default M-step works on: four
-/// epochs of 1000 (kin40k's eval batches of 3600 and split Fashion-MNIST's
-/// tasks of 2000 with a memory of 1000 fit).
-pub const M_SAMPLE_BOUND: usize = 4000;
-
-/// Records between M-steps by default (see `SequentialConfig::m_every`):
-/// kin40k replayed in epochs of 1000 (before `Z` was searched in
-/// lengthscale units) gave prequential NLPD 0.658 with an M-step every
-/// epoch, 0.618 every 2000 records, 0.587 every 4000 and 0.609 every 8000,
-/// at 2 273, 3 510, 4 522 and 5 657 records/s (docs/RESULTS.md).
-pub const M_EVERY: usize = 4000;
-
-/// L-BFGS iterations of a conjugate likelihood's M-step by default, with no
-/// gain tolerance. Its profile is exact (the sites are re-fitted, not
-/// re-learned by E-steps) and an evaluation costs no E-step, so the search
-/// goes on where a non-conjugate one stops at gains of a tenth of a nat.
-/// With `Z` searched in lengthscale units and M-steps every 4000 records,
-/// 40 keep the paper-uci rows at or below main's (kin40k 0.560 → 0.535;
-/// 60: 0.505) for 1.4 times the throughput of 60 (kin40k replay on 2
-/// workers 7 861 against 5 567 records/s, prequential NLPD 0.508 against
-/// 0.470; docs/RESULTS.md).
-const CONJUGATE_M_STEPS: usize = 40;
-
 /// L-BFGS iterations per batch for `--method osgpr` when `--m-steps` is not given.
 const OSGPR_ITERATIONS: usize = 100;
 
@@ -451,13 +425,7 @@ impl ModelArgs {
                 bias: false,
                 linear: false,
                 noise: 0.1,
-                // The learner's own defaults are the paper's, which the
-                // reference runs with its inducing inputs fixed.
-                sequential: SequentialConfig {
-                    inducing_policy: InducingPolicy::Fixed,
-                    seed: self.seed.unwrap_or(0),
-                    ..SequentialConfig::default()
-                },
+                sequential: SequentialConfig::reference(self.seed.unwrap_or(0)),
                 osgpr: OsgprConfig::default(),
                 var_gp: VarGpConfig::default(),
                 offline: OfflineConfig::default(),
@@ -473,42 +441,7 @@ impl ModelArgs {
                 bias: false,
                 linear: false,
                 noise: 0.1,
-                sequential: SequentialConfig {
-                    inducing: 100,
-                    inducing_policy: InducingPolicy::Pivoted,
-                    pivot: Pivot::Variance,
-                    // Z moved by the M-step, thirty iterations of it: kin40k's test NLPD
-                    // 0.97 → 0.59, bike's −1.18 → −1.50 (sorted −1.17 → −1.31), split
-                    // Fashion-MNIST 0.797 → 0.812, at about three times the M-step's
-                    // time; with θ alone thirty were level with ten (docs/RESULTS.md, "The
-                    // memory's share of the past" and "The M-step moves the inducing inputs").
-                    learn_inducing: true,
-                    e_step: EStepConfig { steps: 4, rho: 0.8 },
-                    m_steps: 30,
-                    m_tolerance: 0.1,
-                    m_every: M_EVERY,
-                    m_rounds: 1,
-                    reexpress_old_data: true,
-                    relearn_in_m_step: true,
-                    past_in_m_step: PastInMStep::Message,
-                    // Bounds an update's M-step however many epochs it learns
-                    // together; every batch of the paper's protocols fits (docs/MODEL.md).
-                    m_sample: Some(M_SAMPLE_BOUND),
-                    optimizer: Optimizer::Lbfgs { history: LBFGS_HISTORY },
-                    // Uniform, not by BLS: level on the paper-uci folds, better on
-                    // drifting and class-incremental streams (docs/RESULTS.md, 2026-11-25,
-                    // "osgpr's softmax, a uniform memory by default").
-                    // Bounded so that a long stream's state is: 1000 is a tenth of
-                    // split Fashion-MNIST, the memory its figures were measured with,
-                    // and fifty batches of 20 (the paper-uci streams have ten).
-                    memory: MemoryPolicy::Random {
-                        k: 20,
-                        capacity: Some(MEMORY_BOUND),
-                    },
-                    memory_control_variate: false,
-                    memory_share: MemoryShare::Estimated,
-                    seed: self.seed.unwrap_or(0),
-                },
+                sequential: SequentialConfig::tuned(self.seed.unwrap_or(0)),
                 osgpr: OsgprConfig::default(),
                 var_gp: VarGpConfig::default(),
                 offline: OfflineConfig::default(),
@@ -779,15 +712,14 @@ impl Settings {
         }
     }
 
-    /// Dual-memory's settings for `likelihood`: [`CONJUGATE_M_STEPS`]
+    /// Dual-memory's settings for `likelihood`: [`CONJUGATE_M_STEPS`](dualgp_operators::model::dual::presets::CONJUGATE_M_STEPS)
     /// iterations and no tolerance for a conjugate one, by default.
     pub fn sequential_for(&self, likelihood: &Likelihood) -> SequentialConfig {
-        let mut q = self.sequential.clone();
-        if self.conjugate_m_step && likelihood.is_conjugate() {
-            q.m_steps = CONJUGATE_M_STEPS;
-            q.m_tolerance = 0.0;
+        let q = self.sequential.clone();
+        match self.conjugate_m_step {
+            true => q.for_likelihood(likelihood),
+            false => q,
         }
-        q
     }
 
     /// The streaming learner `method` names, from `kernel` and `likelihood`
@@ -895,6 +827,7 @@ pub fn check_workers(workers: usize) -> Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use dualgp_operators::model::dual::presets::CONJUGATE_M_STEPS;
     use dualgp_operators::model::Link;
 
     #[derive(Parser)]

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod objective;
 pub mod past;
 pub mod point;
+pub mod presets;
 pub mod sequential;
 pub mod shard;
 pub mod share;
