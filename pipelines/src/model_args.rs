@@ -414,6 +414,17 @@ const ADAM_LR: f64 = 0.05;
 const OSGPR_ITERATIONS: usize = 100;
 
 impl ModelArgs {
+    /// Whether any model flag is given (`--seed` aside): a model read from a
+    /// file (`--model`) runs with its own settings, which these would not change.
+    pub fn any_given(&self) -> bool {
+        ModelArgs {
+            seed: None,
+            ..self.clone()
+        } != ModelArgs::default()
+    }
+}
+
+impl ModelArgs {
     /// Defaults are the project's best settings (docs/MODEL.md, "Defaults"); `--preset reference`
     /// replaces them with the reference code's; given flags override both.
     pub fn settings(&self) -> Result<Settings> {
@@ -839,6 +850,23 @@ mod tests {
     fn settings(args: &[&str]) -> Settings {
         let cli = Cli::try_parse_from(std::iter::once("dualgp").chain(args.iter().copied())).expect("flags parse");
         cli.model.settings().expect("settings")
+    }
+
+    /// With `--model`, a model flag would be silently ignored: it is refused
+    /// instead, so none may be taken as given when the user gave none.
+    #[test]
+    fn only_a_flag_the_user_gave_counts_as_given() {
+        let given = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("dualgp").chain(args.iter().copied())).expect("flags parse");
+            cli.model.any_given()
+        };
+        assert!(!given(&[]));
+        assert!(
+            !given(&["--seed", "3"]),
+            "the seed moves no learned setting of a saved model"
+        );
+        assert!(given(&["--inducing", "5"]));
+        assert!(given(&["--kernel", "rbf"]));
     }
 
     #[test]

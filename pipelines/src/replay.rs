@@ -317,6 +317,12 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
     let (first, d, n_epochs) = first_epoch(&args.data, &source)?;
     let (scaling, learner, learned_through) = match &args.warm_start {
         Some(path) => {
+            if args.model.any_given() {
+                bail!(
+                    "--model {} runs with the saved model's settings: drop the model flags",
+                    path.display()
+                );
+            }
             let model = SavedModel::load(path)?;
             model.check_fits(path, &likelihood, Some(d))?;
             (model.scaling, model.learner, Some(model.epoch))

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use dualgp_operators::dataflow::{read_checkpoint, Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
+use dualgp_operators::dataflow::{read_checkpoint, with_checksum, Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
 use dualgp_operators::model::{Likelihood, SequentialLearner, StreamingLearner};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -63,10 +63,11 @@ impl SavedModel {
             learner: self.learner.clone(),
             positions: Vec::new(),
         };
-        let bytes = serde_json::to_vec(&ModelFile {
+        // Checked on reading, as a checkpoint is: a damaged file is refused, not half-read.
+        let bytes = with_checksum(serde_json::to_vec(&ModelFile {
             checkpoint: &checkpoint,
             scaling: &self.scaling,
-        })?;
+        })?);
         let name = path
             .file_name()
             .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
@@ -225,5 +226,38 @@ mod tests {
         assert!(back.check_fits(&path, &gaussian, Some(3)).is_err());
         assert!(back.check_fits(&path, &Likelihood::Poisson, None).is_err());
         assert!(SavedModel::load(&dir.path().join("none.json")).is_err());
+    }
+
+    /// A model file damaged after it was written (one digit changed) is
+    /// refused with the reason, not read as a slightly different model.
+    #[test]
+    fn a_damaged_model_file_is_refused() {
+        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.5]);
+        let learner = SequentialLearner::new(
+            kernel,
+            Likelihood::Gaussian { variance: 0.1 },
+            SequentialConfig::default(),
+        )
+        .unwrap();
+        let scaling = Standardizer {
+            x_mean: DVector::from_vec(vec![0.25]),
+            x_std: DVector::from_vec(vec![2.0]),
+            y_mean: 0.0,
+            y_std: 1.0,
+            y_by_output: Vec::new(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.json");
+        SavedModel {
+            learner,
+            scaling,
+            epoch: 3,
+        }
+        .save(&path)
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen("0.25", "0.35", 1)).unwrap();
+        let error = format!("{:#}", SavedModel::load(&path).unwrap_err());
+        assert!(error.contains("checksum"), "{error}");
     }
 }

@@ -242,7 +242,7 @@ fn plural(n: usize) -> &'static str {
 
 /// The newest checkpoint in `dir` and the scaling kept beside it.
 fn from_checkpoint(dir: &Path, args: &SuggestArgs) -> Result<Fitted> {
-    if learning_flags_given(&args.learning) {
+    if args.learning.any_given() {
         bail!("--model uses the checkpoint's model as it is: drop the model flags (they apply with --data)");
     }
     // CheckpointStore::new would create a missing directory.
@@ -284,15 +284,6 @@ fn from_checkpoint(dir: &Path, args: &SuggestArgs) -> Result<Fitted> {
         scaling,
         incumbent,
     })
-}
-
-/// Whether a flag that shapes learning (any model flag but --seed) was given:
-/// every field is None unless its flag is.
-fn learning_flags_given(flags: &ModelArgs) -> bool {
-    ModelArgs {
-        seed: None,
-        ..flags.clone()
-    } != ModelArgs::default()
 }
 
 /// The posterior mean at the inputs a checkpoint still holds, its memory and

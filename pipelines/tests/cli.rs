@@ -311,7 +311,8 @@ fn a_bad_or_negative_number_is_one_clean_line_naming_the_value() {
 /// `eval --save-model` saves the dual-memory learner after its last batch,
 /// with the training rows' standardisation; `replay --model` from it scores
 /// the test rows as eval's final model did, its epochs going on from the
-/// model's. Another method is refused: serve runs dual-memory.
+/// model's; a model flag beside `--model` is refused. Another method is
+/// refused: serve runs dual-memory.
 #[test]
 fn eval_saves_its_model_and_replay_starts_from_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -345,6 +346,10 @@ fn eval_saves_its_model_and_replay_starts_from_it() {
         (live - offline).abs() < 1e-6,
         "replay from the model {live}, eval's {offline}"
     );
+    // The saved model runs with its own settings: a model flag beside it would do nothing.
+    let mut with_flag = args.clone();
+    with_flag.extend(["--inducing", "50"]);
+    assert_fails_with(&with_flag, "drop the model flags");
 
     let train = data("banana_train");
     let mut osgpr = eval_args(&train, &test, "bernoulli");

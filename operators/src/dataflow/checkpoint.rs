@@ -106,12 +106,11 @@ impl CheckpointStore {
         let temp = self
             .dir
             .join(format!(".checkpoint-{:020}.json.partial", checkpoint.epoch));
-        let mut bytes = serde_json::to_vec(checkpoint).map_err(|source| CheckpointError::Format {
+        let bytes = serde_json::to_vec(checkpoint).map_err(|source| CheckpointError::Format {
             path: path.clone(),
             source,
         })?;
-        let trailer = format!("\n{CHECKSUM_PREFIX}{:08x}\n", crc32fast::hash(&bytes));
-        bytes.extend_from_slice(trailer.as_bytes());
+        let bytes = with_checksum(bytes);
         let write = || -> std::io::Result<()> {
             let mut file = fs::File::create(&temp)?;
             file.write_all(&bytes)?;
@@ -257,6 +256,15 @@ fn shapes_agree(learner: &SequentialLearner) -> Result<(), String> {
 
 /// Starts the last line of a checkpoint file: the CRC-32 of what precedes it.
 const CHECKSUM_PREFIX: &str = "crc32 ";
+
+/// A checkpoint's JSON `body` with its checksum line after it, as
+/// [`read_checkpoint`] checks it: for files that hold a checkpoint (and
+/// perhaps more after it in the same JSON value) written elsewhere.
+pub fn with_checksum(mut body: Vec<u8>) -> Vec<u8> {
+    let trailer = format!("\n{CHECKSUM_PREFIX}{:08x}\n", crc32fast::hash(&body));
+    body.extend_from_slice(trailer.as_bytes());
+    body
+}
 
 /// The JSON body of a checkpoint file whose checksum line matches it. Files
 /// written before checksums (no such line) are taken as they are: JSON
