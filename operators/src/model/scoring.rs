@@ -6,8 +6,10 @@
 use nalgebra::DMatrix;
 
 use crate::model::data::model_inputs;
+use crate::model::dual::snapshot::Snapshot;
+use crate::model::likelihood::{Likelihood, Predictive};
+use crate::model::math::kernel::Kernel;
 use crate::model::posterior::Marginals;
-use crate::model::{Kernel, Likelihood, Predictive, Snapshot};
 
 /// The model records are scored with: the prior until the first update.
 #[derive(Debug, Clone)]
@@ -94,7 +96,10 @@ impl ScoringModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Data, Family, SequentialConfig, SequentialLearner, StreamingLearner};
+    use crate::model::data::Data;
+    use crate::model::dual::sequential::{SequentialConfig, SequentialLearner};
+    use crate::model::learner::StreamingLearner;
+    use crate::model::math::kernel::Family;
     use nalgebra::DVector;
 
     /// The prior's score is the closed form: mean 0, variance `k(x, x)` plus
