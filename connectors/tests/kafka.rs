@@ -95,7 +95,8 @@ fn read_topic(conn: &KafkaConnection, topic: &str, n: usize) -> Vec<(String, Str
         .unwrap();
     let mut list = TopicPartitionList::new();
     for p in topic_partitions(conn, topic).unwrap() {
-        list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        // Offset 0, not Beginning: tansu 0.6.0 may name a later batch as the earliest.
+        list.add_partition_offset(topic, p, Offset::Offset(0)).unwrap();
     }
     consumer.assign(&list).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);

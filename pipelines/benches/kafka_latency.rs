@@ -350,7 +350,8 @@ fn from_the_start(
     let consumer: BaseConsumer = config.create().expect("a consumer");
     let mut list = TopicPartitionList::new();
     for partition in 0..partitions as i32 {
-        list.add_partition_offset(topic, partition, Offset::Beginning).unwrap();
+        // Offset 0, not Beginning: tansu 0.6.0 may name a later batch as the earliest.
+        list.add_partition_offset(topic, partition, Offset::Offset(0)).unwrap();
     }
     // assign, not subscribe: group joins are slow on tansu.
     consumer.assign(&list).expect("the output partition assigned");

@@ -8,10 +8,12 @@
 //! rename. The wiring is `wiring.rs`'s; here are its Kafka ends.
 //!
 //! Delivery: an epoch's update is checkpointed (with `--checkpoint-dir`) only
-//! once every worker has delivered its predictions, and offsets are committed
-//! only once it is checkpointed; a restart resumes from the newest checkpoint,
-//! so no epoch is applied twice and no record is lost (records after the
-//! checkpoint are scored again).
+//! once every worker has delivered its predictions and dead letters, and
+//! offsets are committed only once it is checkpointed; after a send or
+//! delivery fails nothing more is either. A restart resumes from the newest
+//! checkpoint, so no epoch is applied twice and no record or dead letter is
+//! lost (records after the checkpoint are scored again; docs/OPERATIONS.md,
+//! "At least once, and how much again", bounds how many).
 //! Inputs (and a regression target) are standardised with the first epoch's
 //! statistics, kept beside the checkpoints.
 //!

@@ -200,7 +200,11 @@ impl KafkaSource {
                     Offset::Offset(o)
                 }
                 None if config.start == StartOffset::Latest => Offset::End,
-                None => Offset::Beginning,
+                // Offset 0, not the broker's "earliest": tansu 0.6.0 names the
+                // batch it stored first, which is not the lowest when producers
+                // wrote at once. A broker without offset 0 any more resets to
+                // its earliest (auto.offset.reset).
+                None => Offset::Offset(0),
             };
             assignment
                 .add_partition_offset(&config.topic, p, start)

@@ -120,6 +120,12 @@ impl Broker {
         broker
     }
 
+    /// The port of the durable broker's S3 server (bucket `tansu`).
+    #[allow(dead_code)] // for the tests that write to the store themselves
+    pub fn s3_port(&self) -> Option<u16> {
+        self._s3.as_ref().map(|s3| s3.port)
+    }
+
     /// `127.0.0.1:PORT`, for `bootstrap.servers`.
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)

@@ -4,7 +4,7 @@
 //! shared with the other workers but through the dataflow, so a worker runs
 //! the same whether its peers are threads of its process or other processes.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::ControlFlow;
 use std::rc::Rc;
@@ -70,6 +70,8 @@ pub(crate) struct KafkaEnds {
     commits: Rc<RefCell<Commits>>,
     /// This worker's first error.
     failure: Rc<RefCell<Option<String>>>,
+    /// A prediction or dead letter could not be queued: it is in no flush.
+    unsent: Rc<Cell<bool>>,
     index: usize,
 }
 
@@ -102,6 +104,7 @@ impl KafkaEnds {
             signals: Signals::new(worker.index(), worker.peers()),
             commits: Rc::default(),
             failure,
+            unsent: Rc::default(),
             index: worker.index(),
         }
     }
@@ -171,6 +174,7 @@ impl Ends for KafkaEnds {
         );
         let (t1, t3) = (Arc::clone(&self.serving.tally), Arc::clone(&self.serving.tally));
         let (f1, f2) = (Rc::clone(&self.failure), Rc::clone(&self.failure));
+        let (u1, u2) = (Rc::clone(&self.unsent), Rc::clone(&self.unsent));
         let (p1, d1, scale) = (
             Rc::clone(&self.predictions),
             Rc::clone(&self.dead),
@@ -178,7 +182,7 @@ impl Ends for KafkaEnds {
         );
         gp.predictions
             .inspect_core(move |event| {
-                let Ok((_, batch)) = event else { return };
+                let Ok((epoch, batch)) = event else { return };
                 let out: Vec<_> = batch.iter().map(|p| scale.prediction(p.clone())).collect();
                 match p1.send(&out) {
                     Ok(()) => {
@@ -188,17 +192,26 @@ impl Ends for KafkaEnds {
                             t1.predicted(p);
                         }
                     }
-                    Err(e) => drop(f1.borrow_mut().get_or_insert(e.to_string())),
+                    Err(e) => {
+                        u1.set(true);
+                        let epoch = epoch.least().copied().unwrap_or_default();
+                        f1.borrow_mut().get_or_insert(undelivered("predictions", epoch, e));
+                    }
                 }
             })
             .probe_with(&self.delivery)
             .probe_with(probe);
         gp.rejected
             .inspect_core(move |event| {
-                let Ok((_, batch)) = event else { return };
+                let Ok((epoch, batch)) = event else { return };
                 let letters: Vec<DeadLetter> = batch.iter().map(DeadLetter::refused).collect();
                 if let Err(e) = d1.send(&letters) {
-                    f2.borrow_mut().get_or_insert(e.to_string());
+                    u2.set(true);
+                    f2.borrow_mut().get_or_insert(undelivered(
+                        "dead letters",
+                        epoch.least().copied().unwrap_or_default(),
+                        e,
+                    ));
                 }
                 m2.dead_letters.inc_by(letters.len() as u64);
             })
@@ -283,7 +296,8 @@ impl Ends for KafkaEnds {
             }
         };
         if let Err(e) = self.dead.send(&part.dead_letters) {
-            self.fail(e.to_string());
+            self.unsent.set(true);
+            self.fail(undelivered("dead letters", part.epoch, e));
         }
         self.note_read(&part, streamed);
         for record in part.records {
@@ -296,6 +310,13 @@ impl Ends for KafkaEnds {
     /// Flushes this worker's deliveries for finished epochs and hands their
     /// positions to worker 0; worker 0 then commits.
     fn settle(&mut self, _: &ProbeHandle<u64>, _: bool) {
+        // A prediction or dead letter that could not be queued is in no
+        // flush: a flush that works after it must not let a checkpoint or
+        // commit pass it. (Other failures, a broker gone, still release
+        // what a flush delivers, so a restart reads less again.)
+        if self.unsent.get() {
+            self.positions.close();
+        }
         let done = self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
         // After a failed delivery nothing more is checkpointed or committed,
         // and each flush to a broker that is gone would wait out its timeout.
@@ -311,7 +332,7 @@ impl Ends for KafkaEnds {
                 // What failed to go out may be lost even if a later flush works.
                 Err(e) => {
                     self.positions.close();
-                    self.fail(e.to_string());
+                    self.fail(undelivered("predictions and dead letters", self.delivered, e));
                 }
             }
         }
@@ -331,8 +352,9 @@ impl Ends for KafkaEnds {
             worker.step_or_park(Self::PARK);
             self.settle(probe, true);
         }
-        // Dead letters of a read after the last settled epoch are queued
-        // still: deliver them before the producers go.
+        // Every release follows a flush of all that was sent before it, so
+        // nothing a checkpoint covers is queued here; what was sent since
+        // still goes out before the producers do.
         if self.failure.borrow().is_none() {
             if let Err(e) = self.predictions.flush().and_then(|()| self.dead.flush()) {
                 self.fail(e.to_string());
@@ -391,6 +413,14 @@ impl DeliveredPositions {
     fn is_open(&self) -> bool {
         self.handle.is_some()
     }
+}
+
+/// The one line a failed send or delivery ends serve with: what was not
+/// delivered, why, and that nothing from its epoch on is committed.
+fn undelivered(what: &str, epoch: u64, why: impl std::fmt::Display) -> String {
+    format!(
+        "{what} of epoch {epoch} could not be delivered: {why}; nothing from epoch {epoch} on is checkpointed or committed, so a restart reads it again"
+    )
 }
 
 /// Tells the cluster whether this worker's input, last seen at `last_input`,
