@@ -531,6 +531,12 @@ impl Beginning {
             Some(dir) => read_scaling(dir)?,
             None => None,
         };
+        if let (Some(path), true) = (&args.warm_start, args.model.any_given()) {
+            bail!(
+                "--model {} runs with the saved model's settings: drop the model flags",
+                path.display()
+            );
+        }
         // A checkpoint is newer than any model it started from.
         let warm = match (&resumed, &args.warm_start) {
             (None, Some(path)) => {

@@ -60,9 +60,14 @@ fn keyed(messages: &[(i64, String)]) -> Vec<(String, String)> {
     messages.iter().map(|(id, m)| (id.to_string(), m.clone())).collect()
 }
 
-/// `dualgp serve` on banana messages from `in` (batches of 100, m = 20),
+/// `dualgp serve` on banana messages from `in` (batches of 100, m = 20
+/// unless `extra` names a saved `--model`, which has its own settings),
 /// checkpointing into `checkpoints`, with `extra` flags; in the background.
 fn spawn_serve(address: &str, checkpoints: &Path, extra: &[&str]) -> Child {
+    let m: &[&str] = match extra.contains(&"--model") {
+        true => &[],
+        false => &["--inducing", "20"],
+    };
     serve_command(address, "in", "out")
         .args([
             "--likelihood",
@@ -72,7 +77,8 @@ fn spawn_serve(address: &str, checkpoints: &Path, extra: &[&str]) -> Child {
             "--batch-timeout-ms",
             "300",
         ])
-        .args(["--inducing", "20", "--checkpoint-dir", checkpoints.to_str().unwrap()])
+        .args(m)
+        .args(["--checkpoint-dir", checkpoints.to_str().unwrap()])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -512,15 +518,18 @@ fn a_warm_started_serve_scores_its_first_records_with_the_saved_model() {
     let replay = |output: &str, extra: &[&str]| {
         let output = dir.path().join(output);
         let mut args = vec!["replay", "--data", banana, "--output", output.to_str().unwrap()];
-        args.extend(["--likelihood", "bernoulli", "--inducing", "20"]);
+        args.extend(["--likelihood", "bernoulli"]);
         args.extend(extra);
         let out = dualgp(&args);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         read_parquet(&output)
     };
     // The backtest: four epochs of 100, the last learned through epoch 3.
-    let backtest = replay("backtest.parquet", &["--batch-size", "100", "--save-model", model]);
-    // Every row scored by the saved model: one epoch, after the model's.
+    let backtest = replay(
+        "backtest.parquet",
+        &["--batch-size", "100", "--inducing", "20", "--save-model", model],
+    );
+    // Every row scored by the saved model (its settings its own): one epoch, after the model's.
     let saved = replay("saved.parquet", &["--batch-size", "1000", "--model", model]);
     assert_eq!(model_epochs(&saved), vec![Some(3); 400]);
     let saved_p1: BTreeMap<i64, f64> = i64s(&saved, "id").into_iter().zip(f64s(&saved, "p1")).collect();
@@ -611,6 +620,24 @@ fn a_warm_started_serve_scores_its_first_records_with_the_saved_model() {
         stderr.contains("starting from that checkpoint (newer than --model, which is not read)"),
         "{stderr}"
     );
+
+    // A model flag beside --model would do nothing: refused in one line.
+    let out = serve_command(&address, "in", "out")
+        .args([
+            "--likelihood",
+            "bernoulli",
+            "--idle-exit",
+            "1",
+            "--model",
+            model,
+            "--inducing",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("drop the model flags"), "{stderr}");
 }
 
 /// The int64 column `name` of `batch`.
