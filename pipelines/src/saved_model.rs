@@ -188,29 +188,30 @@ mod tests {
     use dualgp_operators::model::{Family, Kernel, SequentialConfig};
     use nalgebra::DVector;
 
+    /// A fresh Gaussian model on `x_mean.len()` inputs, saved at `epoch` with that input mean.
+    fn model(x_mean: Vec<f64>, epoch: u64) -> SavedModel {
+        let d = x_mean.len();
+        let kernel = Kernel::stationary(Family::Matern52, 1.0, (0..d).map(|k| 0.5 + 0.2 * k as f64).collect());
+        let likelihood = Likelihood::Gaussian { variance: 0.1 };
+        SavedModel {
+            learner: SequentialLearner::new(kernel, likelihood, SequentialConfig::default()).unwrap(),
+            scaling: Standardizer {
+                x_mean: DVector::from_vec(x_mean),
+                x_std: DVector::from_fn(d, |k, _| if k == 0 { 1.0 / 7.0 } else { 3.0 }),
+                y_mean: 1e-17,
+                y_std: 2.5,
+                y_by_output: Vec::new(),
+            },
+            epoch,
+        }
+    }
+
     /// A model saved and read back is the same model, bit for bit, with its
     /// scaling; `inspect` reads the file as a checkpoint.
     #[test]
     fn a_saved_model_reads_back_as_it_was_and_as_a_checkpoint() {
-        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.5, 0.7]);
-        let learner = SequentialLearner::new(
-            kernel,
-            Likelihood::Gaussian { variance: 0.1 },
-            SequentialConfig::default(),
-        )
-        .unwrap();
-        let scaling = Standardizer {
-            x_mean: DVector::from_vec(vec![0.1, -2.0 / 3.0]),
-            x_std: DVector::from_vec(vec![1.0 / 7.0, 3.0]),
-            y_mean: 1e-17,
-            y_std: 2.5,
-            y_by_output: Vec::new(),
-        };
-        let model = SavedModel {
-            learner,
-            scaling: scaling.clone(),
-            epoch: 9,
-        };
+        let model = model(vec![0.1, -2.0 / 3.0], 9);
+        let scaling = model.scaling.clone();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.json");
         model.save(&path).unwrap();
@@ -232,29 +233,9 @@ mod tests {
     /// refused with the reason, not read as a slightly different model.
     #[test]
     fn a_damaged_model_file_is_refused() {
-        let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![0.5]);
-        let learner = SequentialLearner::new(
-            kernel,
-            Likelihood::Gaussian { variance: 0.1 },
-            SequentialConfig::default(),
-        )
-        .unwrap();
-        let scaling = Standardizer {
-            x_mean: DVector::from_vec(vec![0.25]),
-            x_std: DVector::from_vec(vec![2.0]),
-            y_mean: 0.0,
-            y_std: 1.0,
-            y_by_output: Vec::new(),
-        };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.json");
-        SavedModel {
-            learner,
-            scaling,
-            epoch: 3,
-        }
-        .save(&path)
-        .unwrap();
+        model(vec![0.25], 3).save(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::write(&path, text.replacen("0.25", "0.35", 1)).unwrap();
         let error = format!("{:#}", SavedModel::load(&path).unwrap_err());
