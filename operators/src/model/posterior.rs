@@ -212,9 +212,11 @@ impl Marginals {
 pub struct Cross {
     /// `K(Z, X)`, `m × n`.
     pub kzx: DMatrix<f64>,
-    /// `A = L⁻¹K(Z, X)`: the points' whitened columns.
+    /// `A = L⁻¹K(Z, X)`: the points' whitened columns (`0 × 0` until made,
+    /// see [`DualPosterior::unwhitened_cross`]).
     pub a: DMatrix<f64>,
-    /// `k(x_i, x_i) − k_iᵀ K⁻¹ k_i`: the prior variance left unexplained by `Z`.
+    /// `k(x_i, x_i) − k_iᵀ K⁻¹ k_i`: the prior variance left unexplained by
+    /// `Z` (empty until made, with `a`).
     pub residual_var: DVector<f64>,
     /// What the kernel's gradient needs of `K(Z, X)` again, where kept
     /// ([`DualPosterior::cross_with_profile`]).
@@ -222,6 +224,11 @@ pub struct Cross {
 }
 
 impl Cross {
+    /// Whether `a` and `residual_var` are made (see [`DualPosterior::unwhitened_cross`]).
+    pub fn is_whitened(&self) -> bool {
+        self.a.shape() == self.kzx.shape()
+    }
+
     /// The quantities of the points at `rows` (without the profile).
     pub fn select(&self, rows: &[usize]) -> Cross {
         Cross {
@@ -494,14 +501,58 @@ impl DualPosterior {
     }
 
     fn cross_of(&self, kzx: DMatrix<f64>, profile: Option<Profile>, x: &DMatrix<f64>) -> Cross {
-        let a = self.whiten(&kzx);
-        let residual_var = self.kernel.diag(x) - column_sq_norms(&a);
+        let mut cross = Cross {
+            kzx,
+            a: DMatrix::zeros(0, 0),
+            residual_var: DVector::zeros(0),
+            profile,
+        };
+        self.whiten_cross(&mut cross, x);
+        cross
+    }
+
+    /// [`cross_with_profile`](Self::cross_with_profile) without the whitened
+    /// columns and the residual variances, which
+    /// [`whiten_cross`](Self::whiten_cross) makes when they are needed: a
+    /// Gaussian M-step sums its points in `K`'s coordinates and whitens
+    /// only the sums, saving every point a triangular solve.
+    pub fn unwhitened_cross(&self, x: &DMatrix<f64>) -> Cross {
+        let (kzx, profile) = self.kernel.matrix_with_profile(&self.z, x);
         Cross {
             kzx,
-            a,
-            residual_var,
+            a: DMatrix::zeros(0, 0),
+            residual_var: DVector::zeros(0),
             profile,
         }
+    }
+
+    /// Makes the whitened columns and residual variances of `cross`, the
+    /// kernel columns of the points `x` under this posterior's `K`, if they
+    /// are not made yet.
+    pub fn whiten_cross(&self, cross: &mut Cross, x: &DMatrix<f64>) {
+        if !cross.is_whitened() {
+            cross.a = self.whiten(&cross.kzx);
+            cross.residual_var = self.kernel.diag(x) - column_sq_norms(&cross.a);
+        }
+    }
+
+    /// Site totals summed in `K`'s coordinates, whitened: `(L⁻¹l, L⁻¹ΛL⁻ᵀ)`.
+    pub fn whitened_sites(&self, sites: Sites) -> Sites {
+        let l = self.whiten(&DMatrix::from_column_slice(sites.l.len(), 1, sites.l.as_slice()));
+        Sites {
+            l: l.column(0).into_owned(),
+            lambda: self.whitened_gram(sites.lambda),
+        }
+    }
+
+    /// `L⁻¹GL⁻ᵀ` of a symmetric `G` in `K`'s coordinates.
+    pub fn whitened_gram(&self, mut gram: DMatrix<f64>) -> DMatrix<f64> {
+        let chol = &self.factors().chol_k;
+        solve_lower_in_place(chol, &mut gram);
+        gram.transpose_mut();
+        solve_lower_in_place(chol, &mut gram);
+        symmetrize(&mut gram);
+        gram
     }
 
     /// `L⁻¹B`: kernel columns (under any earlier `θ`) whitened by today's `K`.

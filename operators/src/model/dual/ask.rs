@@ -109,6 +109,7 @@ pub async fn totals(shards: &mut impl Shards, post: &DualPosterior, query: Query
 pub fn totals_in(answer: Answer, post: &DualPosterior) -> Result<Vec<Sites>> {
     match answer {
         Answer::Totals(t) => Ok(t.total()),
+        Answer::KernelTotals(t) => Ok(t.total().into_iter().map(|s| post.whitened_sites(s)).collect()),
         Answer::Nothing => Ok(vec![Sites::zeros(post.m()); post.n_latent()]),
         other => Err(unexpected("site totals", &other)),
     }

@@ -6,6 +6,8 @@
 //! "tighter" bound of t-SVGP), and its analytic gradient with respect to every
 //! hyperparameter: the kernel's log-parameters, then the likelihood's.
 
+use std::borrow::Cow;
+
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +136,12 @@ pub struct DataTerms {
     /// Per latent `Σ_i ∂/∂v_i a_i a_iᵀ`, `m × m`, in whitened columns
     /// `a_i = L⁻¹k_i` (`L` times it times `Lᵀ` is the sum in `K`'s coordinates).
     pub whitened_gram_d_var: Vec<DMatrix<f64>>,
+    /// Latent 0's `Σ_i ∂/∂v_i k_i k_iᵀ` in `K`'s coordinates, from a
+    /// Gaussian refit's sums, for points whose terms were made without
+    /// their whitened columns: [`finish`](Self::finish) whitens it into the
+    /// gram above and takes from its trace the `‖a_i‖²` those points'
+    /// variances left out (they took the prior's `k(x_i, x_i)` whole).
+    pub kernel_gram_d_var: Option<DMatrix<f64>>,
     /// A Gaussian likelihood's terms leave out what its points' variances
     /// add beyond the prior's residual, `Σ_i ∂/∂v_i ‖L_D⁻¹a_i‖²`: that is
     /// `tr(D⁻¹ G)` of the gram above, which [`finish`](Self::finish) adds to
@@ -153,6 +161,7 @@ impl DataTerms {
             grad_z: Some(DMatrix::zeros(m, d)),
             kzx_d_mean: vec![DVector::zeros(m); n_latent],
             whitened_gram_d_var: vec![DMatrix::zeros(m, m); n_latent],
+            kernel_gram_d_var: None,
             variance_from_gram: false,
         }
     }
@@ -160,10 +169,11 @@ impl DataTerms {
     /// The terms of the points of `data` (already checked), whose kernel
     /// quantities under the posterior's current `θ` and `Z` are `cross`;
     /// `∂F/∂Z` only `with_z` (learners that place `Z` otherwise skip it).
-    /// `site_gram`, where known, is the points' `Σ_i s_i a_i a_iᵀ` with
-    /// Gaussian sites `s_i = c_i · (1/σ²)` exactly (their weights over the
-    /// noise): a Gaussian likelihood's `Σ_i ∂/∂v_i a_i a_iᵀ` is then `−½` of
-    /// it, not made again.
+    /// `site_gram`, where known, is the points' `Σ_i s_i k_i k_iᵀ` in `K`'s
+    /// coordinates with Gaussian sites `s_i = c_i · (1/σ²)` exactly (their
+    /// weights over the noise): a Gaussian likelihood's `Σ_i ∂/∂v_i k_i k_iᵀ`
+    /// is then `−½` of it, and the points' terms need no whitened columns
+    /// (`cross` may lack them).
     pub fn new(
         post: &DualPosterior,
         likelihood: &Likelihood,
@@ -183,11 +193,16 @@ impl DataTerms {
         let mut d_var = DMatrix::zeros(n, n_latent);
         if let Likelihood::Gaussian { variance } = *likelihood {
             // E = −½log 2πσ² − ((y − μ)² + v)/2σ², v = r + ‖L_D⁻¹a‖² (the
-            // last part from the gram, in `finish`).
-            let mean = cross.a.tr_mul(&factors.m_v[0]);
+            // last part from the gram, in `finish`), r = k(x, x) − ‖a‖² (with
+            // `site_gram`, the last part from its trace, in `finish`).
+            terms.kernel_gram_d_var = site_gram.map(|gram| -0.5 * gram);
+            let (mean, prior_var) = match site_gram {
+                Some(_) => (cross.kzx.tr_mul(&factors.w[0]), Cow::Owned(post.kernel.diag(data.x()))),
+                None => (cross.a.tr_mul(&factors.m_v[0]), Cow::Borrowed(&cross.residual_var)),
+            };
             for i in 0..n {
                 let (ci, residual) = (weight(i), data.y()[i] - mean[i]);
-                let spread = residual * residual + cross.residual_var[i];
+                let spread = residual * residual + prior_var[i];
                 terms.value += ci * (-0.5 * (std::f64::consts::TAU * variance).ln() - spread / (2.0 * variance));
                 terms.likelihood_grad[0] += ci * (-0.5 + spread / (2.0 * variance));
                 d_mean[(i, 0)] = ci * residual / variance;
@@ -233,16 +248,13 @@ impl DataTerms {
             }
             // μ_i = k_iᵀ w:  ∂/∂K_zx = w aᵀ.
             g_kzx.ger(1.0, &factors.w[c], &a, 1.0);
-            terms.whitened_gram_d_var[c] = match site_gram.filter(|_| terms.variance_from_gram) {
-                Some(gram) => -0.5 * gram,
-                None => {
-                    let mut a_b = cross.a.clone();
-                    for (mut col, &bj) in a_b.column_iter_mut().zip(b.iter()) {
-                        col *= bj;
-                    }
-                    gram_of_scaled(&a_b, &cross.a)
+            if terms.kernel_gram_d_var.is_none() {
+                let mut a_b = cross.a.clone();
+                for (mut col, &bj) in a_b.column_iter_mut().zip(b.iter()) {
+                    col *= bj;
                 }
-            };
+                terms.whitened_gram_d_var[c] = gram_of_scaled(&a_b, &cross.a);
+            }
         }
         let kernel = &post.kernel;
         let rows = if with_z { Rows::OfA } else { Rows::Neither };
@@ -263,7 +275,7 @@ impl DataTerms {
         for a in &mut self.kzx_d_mean {
             *a *= w;
         }
-        for a in &mut self.whitened_gram_d_var {
+        for a in self.whitened_gram_d_var.iter_mut().chain(&mut self.kernel_gram_d_var) {
             *a *= w;
         }
     }
@@ -283,6 +295,10 @@ impl DataTerms {
         for (a, b) in self.whitened_gram_d_var.iter_mut().zip(&other.whitened_gram_d_var) {
             *a += b;
         }
+        self.kernel_gram_d_var = match (self.kernel_gram_d_var.take(), &other.kernel_gram_d_var) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or_else(|| b.clone()),
+        };
         self.variance_from_gram |= other.variance_from_gram;
     }
 
@@ -298,6 +314,14 @@ impl DataTerms {
     pub fn finish(mut self, post: &DualPosterior, likelihood: &Likelihood, past: Option<&[Sites]>) -> Objective {
         let m = post.m();
         let factors = post.factors();
+        if let Some(gram) = self.kernel_gram_d_var.take() {
+            let whitened = post.whitened_gram(gram);
+            // Σ c_i ‖a_i‖²/2σ² = −tr(G): what those points' `k(x_i, x_i)` held too much.
+            let explained = -whitened.trace();
+            self.value += explained;
+            self.likelihood_grad[0] -= explained;
+            self.whitened_gram_d_var[0] += whitened;
+        }
         if self.variance_from_gram {
             let half = factors.d_inv_half(0);
             let extra = (half * &self.whitened_gram_d_var[0]).component_mul(half).sum();

@@ -87,7 +87,9 @@ pub enum Query {
     /// Kernel columns under `model` replace the old ones and, with a
     /// conjugate likelihood, the sites become exact under it: the whole
     /// contribution (what [`Recolumn`](Query::Recolumn) then an E-step give,
-    /// without whitening the old columns again).
+    /// without whitening the old columns again). A Gaussian likelihood's
+    /// comes in `K`'s coordinates ([`Answer::KernelTotals`]): the columns
+    /// are whitened only if a later query needs them.
     Refit {
         /// The model of the new columns.
         model: Snapshot,
@@ -140,6 +142,9 @@ pub enum Answer {
     Arrivals(Vec<(PointId, Vec<f64>)>),
     /// Contributions to the site totals, per latent.
     Totals(BlockSums<Vec<Sites>>),
+    /// Contributions to the site totals in `K`'s coordinates, per latent:
+    /// whitened once summed ([`DualPosterior::whitened_sites`]).
+    KernelTotals(BlockSums<Vec<Sites>>),
     /// An E-step's expectation and change of the totals.
     Step(BlockSums<SiteStep>),
     /// The M-step objective's data terms.
@@ -165,6 +170,7 @@ impl Answer {
                 Answer::Arrivals(a)
             }
             (Answer::Totals(a), Answer::Totals(b)) => Answer::Totals(a.merge(b)),
+            (Answer::KernelTotals(a), Answer::KernelTotals(b)) => Answer::KernelTotals(a.merge(b)),
             (Answer::Step(a), Answer::Step(b)) => Answer::Step(a.merge(b)),
             (Answer::Terms(a), Answer::Terms(b)) => Answer::Terms(a.merge(b)),
             (Answer::Drift(a), Answer::Drift(b)) => Answer::Drift(a.merge(b)),
@@ -343,6 +349,22 @@ impl Shard {
 }
 
 impl Query {
+    fn model(&self) -> Option<&Snapshot> {
+        match self {
+            Query::Begin { model, .. }
+            | Query::EStep { model, .. }
+            | Query::Gradient { model, .. }
+            | Query::Contribution { model }
+            | Query::Recolumn { model }
+            | Query::Refit { model }
+            | Query::CorrectForPast { model, .. }
+            | Query::Drift { model }
+            | Query::Keys { model, .. }
+            | Query::Finish { model, .. } => Some(model),
+            Query::Arrivals | Query::Focus { .. } | Query::Restore | Query::Leave { .. } => None,
+        }
+    }
+
     fn model_mut(&mut self) -> Option<&mut Snapshot> {
         match self {
             Query::Begin { model, .. }
@@ -400,12 +422,27 @@ struct Columns {
 
 impl Columns {
     fn under(post: &DualPosterior, x: &DMatrix<f64>) -> Self {
+        Columns::of(post, post.cross_with_profile(x))
+    }
+
+    /// [`under`](Self::under), whitened later by [`whiten`](Self::whiten).
+    fn unwhitened(post: &DualPosterior, x: &DMatrix<f64>) -> Self {
+        Columns::of(post, post.unwhitened_cross(x))
+    }
+
+    fn of(post: &DualPosterior, cross: Cross) -> Self {
         Columns {
-            cross: post.cross_with_profile(x),
+            cross,
             kernel: post.kernel.clone(),
             z: post.z.clone(),
             jitter: post.jitter,
         }
+    }
+
+    /// Makes the whitened columns, where `post` (whose `K` they are under) has not yet.
+    fn whiten(&mut self, post: &DualPosterior, x: &DMatrix<f64>) {
+        debug_assert!(self.are_under(post), "whitened by another K");
+        post.whiten_cross(&mut self.cross, x);
     }
 
     fn are_under(&self, post: &DualPosterior) -> bool {
@@ -479,6 +516,12 @@ impl Block {
     fn answer(&mut self, query: &Query) -> Answer {
         // Only a gradient right after a refit, before anything else moves, reuses its sums.
         let refit_totals = self.refit_totals.take();
+        if let (Some(model), Some(points), Some(columns)) = (query.model(), &self.points, &mut self.columns) {
+            // Columns a Gaussian refit left unwhitened, for what needs them.
+            if !matches!(query, Query::Gradient { .. } | Query::Refit { .. }) && columns.are_under(&model.posterior) {
+                columns.whiten(&model.posterior, points.x());
+            }
+        }
         let totals = |sums: Vec<Sites>| Answer::Totals(BlockSums::one(self.block, sums));
         let held = matches!(query, Query::Recolumn { .. }).then(|| self.contribution().into_owned());
         match query {
@@ -527,42 +570,7 @@ impl Block {
                 model,
                 memory_weight,
                 with_z,
-            } => match &self.points {
-                Some(points) => {
-                    let n_batch = self.n_batch();
-                    let weights: Vec<f64> = (0..points.n())
-                        .map(|i| if i < n_batch { 1.0 } else { *memory_weight })
-                        .collect();
-                    // A re-learning M-step has just recolumned under this θ: reuse the columns.
-                    let fresh;
-                    let columns = match &self.columns {
-                        Some(columns) if columns.are_under(&model.posterior) => columns,
-                        _ => {
-                            fresh = Columns::under(&model.posterior, points.x());
-                            &fresh
-                        }
-                    };
-                    let site_gram = match (&model.likelihood, &refit_totals) {
-                        (Likelihood::Gaussian { variance }, Some(sums)) if columns.are_under(&model.posterior) => {
-                            let held = self.contribution();
-                            let exact = (0..points.n()).all(|i| held.s2[(i, 0)] == weights[i] * (1.0 / variance));
-                            exact.then_some(&sums[0].lambda)
-                        }
-                        _ => None,
-                    };
-                    let terms = DataTerms::new(
-                        &model.posterior,
-                        &model.likelihood,
-                        points,
-                        &columns.cross,
-                        Some(&weights),
-                        *with_z,
-                        site_gram,
-                    );
-                    Answer::Terms(BlockSums::one(self.block, terms))
-                }
-                None => Answer::Nothing,
-            },
+            } => self.gradient(model, *memory_weight, *with_z, refit_totals),
             Query::Contribution { model } => match &self.columns {
                 Some(columns) => totals(self.contribution().totals(&columns.whitened(&model.posterior))),
                 None => Answer::Nothing,
@@ -619,17 +627,81 @@ impl Block {
         let Some(points) = &self.points else {
             return Answer::Nothing;
         };
-        let columns = Columns::under(&model.posterior, points.x());
         for (i, &y) in points.y().iter().enumerate() {
             if let Some((s1, s2)) = model.likelihood.exact_site(points.output(i), y) {
                 self.sites.s1[(i, 0)] = s1;
                 self.sites.s2[(i, 0)] = s2;
             }
         }
-        let sums = self.contribution().totals(&columns.cross.a);
+        let post = &model.posterior;
+        if !matches!(model.likelihood, Likelihood::Gaussian { .. }) {
+            let columns = Columns::under(post, points.x());
+            let sums = self.contribution().totals(&columns.cross.a);
+            self.columns = Some(columns);
+            return Answer::Totals(BlockSums::one(self.block, sums));
+        }
+        // Summed in K's coordinates: the learner whitens the total, and the
+        // gradient that follows needs no whitened columns.
+        let columns = Columns::unwhitened(post, points.x());
+        let sums = self.contribution().totals(&columns.cross.kzx);
         self.columns = Some(columns);
         self.refit_totals = Some(sums.clone());
-        Answer::Totals(BlockSums::one(self.block, sums))
+        Answer::KernelTotals(BlockSums::one(self.block, sums))
+    }
+
+    /// The data terms of the M-step objective under `model`, memory terms
+    /// weighted `memory_weight`. Right after a Gaussian refit under the same
+    /// `θ`, its sums (`refit_totals`) are the terms' site gram.
+    fn gradient(
+        &mut self,
+        model: &Snapshot,
+        memory_weight: f64,
+        with_z: bool,
+        refit_totals: Option<Vec<Sites>>,
+    ) -> Answer {
+        let Some(points) = &self.points else {
+            return Answer::Nothing;
+        };
+        let post = &model.posterior;
+        let n_batch = self.n_batch();
+        let weights: Vec<f64> = (0..points.n())
+            .map(|i| if i < n_batch { 1.0 } else { memory_weight })
+            .collect();
+        // A re-learning M-step has just recolumned under this θ: reuse the
+        // columns (and the refit's sums); other ones are not those the sites
+        // were added with.
+        let mut fresh;
+        let (columns, refit_totals) = match &mut self.columns {
+            Some(columns) if columns.are_under(post) => (columns, refit_totals),
+            _ => {
+                fresh = Columns::under(post, points.x());
+                (&mut fresh, None)
+            }
+        };
+        let site_gram = match (&model.likelihood, refit_totals) {
+            (Likelihood::Gaussian { variance }, Some(mut sums)) => {
+                let held = self
+                    .control
+                    .map(|control| contribution(&self.sites, n_batch, control, &self.first));
+                let s2 = held.as_ref().unwrap_or(&self.sites).s2.column(0);
+                let exact = (0..points.n()).all(|i| s2[i] == weights[i] * (1.0 / variance));
+                exact.then(|| sums.swap_remove(0).lambda)
+            }
+            _ => None,
+        };
+        if site_gram.is_none() {
+            columns.whiten(post, points.x());
+        }
+        let terms = DataTerms::new(
+            post,
+            &model.likelihood,
+            points,
+            &columns.cross,
+            Some(&weights),
+            with_z,
+            site_gram.as_ref(),
+        );
+        Answer::Terms(BlockSums::one(self.block, terms))
     }
 
     fn correct_for_past(&mut self, model: &Snapshot, control: ControlVariate) -> Answer {
@@ -802,14 +874,16 @@ fn contribution(sites: &PointSites, n_batch: usize, control: ControlVariate, fir
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::dual::objective::Objective;
     use crate::model::math::kernel::Family;
     use crate::model::posterior::DualPosterior;
 
-    /// A Gaussian gradient right after a refit takes the refit's sums as its
-    /// gram: the same bits as making it again, also for memory points that
-    /// stand for part of the past.
+    /// A Gaussian gradient right after a refit takes the refit's sums (in
+    /// `K`'s coordinates) as its gram: the terms of one made afresh from
+    /// whitened columns, up to rounding, also for memory points that stand
+    /// for part of the past.
     #[test]
-    fn a_gradient_after_a_refit_gives_the_bits_of_one_made_afresh() {
+    fn a_gradient_after_a_refit_agrees_with_one_made_from_whitened_columns() {
         let x = DMatrix::from_fn(60, 2, |i, j| ((3 * i + 7 * j) % 11) as f64 / 3.0 - 1.5);
         let y = DVector::from_fn(60, |i, _| (i as f64 * 0.37).sin());
         let data = Data::new(x.clone(), y).unwrap();
@@ -860,6 +934,24 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        assert_eq!(terms(false), terms(true));
+        let (after_refit, afresh) = (terms(false), terms(true));
+        assert!(after_refit.kernel_gram_d_var.is_some() && afresh.kernel_gram_d_var.is_none());
+        let post = &model.posterior;
+        let (a, b) = (
+            after_refit.finish(post, &model.likelihood, None),
+            afresh.finish(post, &model.likelihood, None),
+        );
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * (1.0 + y.abs());
+        assert!(close(a.value, b.value), "{} against {}", a.value, b.value);
+        let grads = |o: &Objective| {
+            o.grad
+                .iter()
+                .chain(o.grad_z.as_ref().unwrap().iter())
+                .copied()
+                .collect::<Vec<f64>>()
+        };
+        for (x, y) in grads(&a).into_iter().zip(grads(&b)) {
+            assert!(close(x, y), "{x} against {y}");
+        }
     }
 }
