@@ -1,8 +1,9 @@
 //! Errors that stop a source or a sink (bad records never do: they become dead letters).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::columns::SchemaError;
+use crate::data_file::OpenFailure;
 
 /// Why a source cannot go on. Each message says what to change.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +69,17 @@ pub enum SourceError {
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(Box<crate::kafka::KafkaError>),
+}
+
+impl SourceError {
+    pub(crate) fn opening(path: &Path, failure: OpenFailure) -> Self {
+        let path = path.to_owned();
+        match failure {
+            OpenFailure::Open(source) => SourceError::Open { path, source },
+            OpenFailure::NotCsv(source) => SourceError::NotCsv { path, source },
+            OpenFailure::NotParquet(source) => SourceError::NotParquet { path, source },
+        }
+    }
 }
 
 /// Why a sink cannot write.

@@ -22,6 +22,7 @@ pub mod arrow_decode;
 pub mod atomic_parquet;
 pub mod columns;
 pub mod csv_input;
+mod data_file;
 pub mod dead_letter;
 pub mod epoch;
 pub mod error;

@@ -28,19 +28,19 @@ use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
+    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
 use parquet::arrow::ProjectionMask;
 use serde::{Deserialize, Serialize};
 
 use crate::arrow_decode::{event_seconds, ArrowDecoder, DecodedRow};
-use crate::csv_input::{is_csv, CsvInput};
+use crate::csv_input::CsvInput;
+use crate::data_file::DataFile;
 use crate::dead_letter::{number_text, Counters, DeadLetter, Origin, Reason};
 use crate::epoch::{EpochPart, WorkerShare};
 use crate::error::SourceError;
 use crate::mapping::ColumnMapping;
-use crate::parquet_check::{check_chunks, next_batch};
+use crate::parquet_check::next_batch;
 
 /// How a stream is cut into epochs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -144,12 +144,6 @@ enum Input {
     },
 }
 
-/// A file opened, before its columns are chosen.
-enum Opened {
-    Parquet { file: File, metadata: ArrowReaderMetadata },
-    Csv(CsvInput),
-}
-
 /// State of [`EpochRule::EventTime`] reading.
 struct Windows {
     width: f64,
@@ -206,10 +200,10 @@ impl ParquetSource {
         let path = path.as_ref().to_owned();
         let name = path.display().to_string();
         check_config(config, share)?;
-        let opened = Opened::open(&path)?;
+        let opened = DataFile::open(&path).map_err(|failure| SourceError::opening(&path, failure))?;
         let schema = match &opened {
-            Opened::Parquet { metadata, .. } => metadata.schema().clone(),
-            Opened::Csv(csv) => csv.schema().clone(),
+            DataFile::Parquet { metadata, .. } => metadata.schema().clone(),
+            DataFile::Csv(csv) => csv.schema().clone(),
         };
         let decoder = ArrowDecoder::new(&config.mapping, &schema).map_err(|source| SourceError::Schema {
             input: name.clone(),
@@ -225,7 +219,7 @@ impl ParquetSource {
             }
         };
         let input = match opened {
-            Opened::Parquet { file, metadata } => {
+            DataFile::Parquet { file, metadata } => {
                 let roots = (0..schema.fields().len()).filter(|&i| wanted.contains(&schema.field(i).name().as_str()));
                 let projection = ProjectionMask::roots(metadata.parquet_schema(), roots);
                 Input::Parquet {
@@ -234,7 +228,7 @@ impl ParquetSource {
                     projection,
                 }
             }
-            Opened::Csv(csv) => Input::Csv {
+            DataFile::Csv(csv) => Input::Csv {
                 reader: Box::new(
                     csv.batches(&wanted, config.batch_rows)
                         .map_err(|source| SourceError::NotCsv {
@@ -563,40 +557,17 @@ impl ParquetSource {
     }
 }
 
-impl Opened {
-    fn open(path: &Path) -> Result<Opened, SourceError> {
-        let file = File::open(path).map_err(|source| SourceError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
-        if is_csv(path) {
-            return CsvInput::open(path, &file)
-                .map(Opened::Csv)
-                .map_err(|source| SourceError::NotCsv {
-                    path: path.to_owned(),
-                    source,
-                });
-        }
-        let not_parquet = |source| SourceError::NotParquet {
-            path: path.to_owned(),
-            source,
-        };
-        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(not_parquet)?;
-        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-        check_chunks(metadata.metadata(), file_len).map_err(not_parquet)?;
-        Ok(Opened::Parquet { file, metadata })
-    }
-
+impl DataFile {
     /// Every row group, in file order; a CSV file's are `group_rows` rows each.
     fn groups(&self, group_rows: usize) -> Vec<GroupSpan> {
         let sizes: Vec<u64> = match self {
-            Opened::Parquet { metadata, .. } => metadata
+            DataFile::Parquet { metadata, .. } => metadata
                 .metadata()
                 .row_groups()
                 .iter()
                 .map(|g| g.num_rows().max(0) as u64)
                 .collect(),
-            Opened::Csv(csv) => {
+            DataFile::Csv(csv) => {
                 let per = group_rows.max(1) as u64;
                 (0..csv.rows().div_ceil(per))
                     .map(|k| per.min(csv.rows() - k * per))
@@ -623,8 +594,8 @@ impl Opened {
         group_rows: usize,
     ) -> Result<Option<Vec<Option<f64>>>, SourceError> {
         match self {
-            Opened::Parquet { metadata, .. } => group_watermarks(metadata, decoder, mapping, share, name),
-            Opened::Csv(csv) => csv_watermarks(csv, decoder, mapping, group_rows).map(Some),
+            DataFile::Parquet { metadata, .. } => group_watermarks(metadata, decoder, mapping, share, name),
+            DataFile::Csv(csv) => csv_watermarks(csv, decoder, mapping, group_rows).map(Some),
         }
     }
 }

@@ -24,8 +24,9 @@ use parquet::arrow::ProjectionMask;
 
 use crate::columns::{feature_columns, first_unconverted, to_f64, to_i64, typed_column, Role, SchemaError};
 pub use crate::columns::{Features, UnresolvedFeatures};
-use crate::csv_input::{is_csv, CsvInput};
-use crate::parquet_check::{check_chunks, next_batch};
+use crate::csv_input::CsvInput;
+use crate::data_file::{DataFile, OpenFailure};
+use crate::parquet_check::next_batch;
 
 /// Why a [`Table`] could not be read. Each message is one line saying what to change.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +99,17 @@ pub enum TableError {
         /// What the role takes.
         expected: &'static str,
     },
+}
+
+impl TableError {
+    fn opening(path: &Path, failure: OpenFailure) -> Self {
+        let path = path.to_owned();
+        match failure {
+            OpenFailure::Open(source) => TableError::Open { path, source },
+            OpenFailure::NotCsv(source) => TableError::NotCsv { path, source },
+            OpenFailure::NotParquet(source) => TableError::NotParquet { path, source },
+        }
+    }
 }
 
 /// Whether a column is read, and whether it must be there.
@@ -407,26 +419,14 @@ enum Opened {
 
 impl Opened {
     fn open(path: &Path) -> Result<Opened, TableError> {
-        let file = File::open(path).map_err(|source| TableError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
-        if is_csv(path) {
-            return CsvInput::open(path, &file)
-                .map(Opened::Csv)
-                .map_err(|source| TableError::NotCsv {
-                    path: path.to_owned(),
-                    source,
-                });
-        }
-        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-        let not_parquet = |source| TableError::NotParquet {
-            path: path.to_owned(),
-            source,
-        };
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_parquet)?;
-        check_chunks(builder.metadata(), file_len).map_err(not_parquet)?;
-        Ok(Opened::Parquet(builder))
+        Ok(
+            match DataFile::open(path).map_err(|failure| TableError::opening(path, failure))? {
+                DataFile::Parquet { file, metadata } => {
+                    Opened::Parquet(ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata))
+                }
+                DataFile::Csv(csv) => Opened::Csv(csv),
+            },
+        )
     }
 
     fn schema(&self) -> &Schema {

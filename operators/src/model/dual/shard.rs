@@ -348,9 +348,10 @@ impl Shard {
     }
 }
 
-impl Query {
-    fn model(&self) -> Option<&Snapshot> {
-        match self {
+/// The model a query carries, borrowed as the query is.
+macro_rules! model_of {
+    ($query:expr) => {
+        match $query {
             Query::Begin { model, .. }
             | Query::EStep { model, .. }
             | Query::Gradient { model, .. }
@@ -363,22 +364,16 @@ impl Query {
             | Query::Finish { model, .. } => Some(model),
             Query::Arrivals | Query::Focus { .. } | Query::Restore | Query::Leave { .. } => None,
         }
+    };
+}
+
+impl Query {
+    fn model(&self) -> Option<&Snapshot> {
+        model_of!(self)
     }
 
     fn model_mut(&mut self) -> Option<&mut Snapshot> {
-        match self {
-            Query::Begin { model, .. }
-            | Query::EStep { model, .. }
-            | Query::Gradient { model, .. }
-            | Query::Contribution { model }
-            | Query::Recolumn { model }
-            | Query::Refit { model }
-            | Query::CorrectForPast { model, .. }
-            | Query::Drift { model }
-            | Query::Keys { model, .. }
-            | Query::Finish { model, .. } => Some(model),
-            Query::Arrivals | Query::Focus { .. } | Query::Restore | Query::Leave { .. } => None,
-        }
+        model_of!(self)
     }
 }
 
