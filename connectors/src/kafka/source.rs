@@ -120,7 +120,7 @@ impl KafkaPosition {
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// The longest a read waits on the broker before it calls back (see
 /// [`KafkaSource::next_epoch_streaming`]).
-const POLL_SLICE: Duration = Duration::from_millis(10);
+const POLL_SLICE: Duration = Duration::from_millis(1);
 
 /// A worker's reader of its partitions of one topic.
 pub struct KafkaSource {
