@@ -7,7 +7,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::cluster::ClusterArgs;
 use crate::column_args::ColumnArgs;
 use crate::model_args::ModelArgs;
-use crate::{eval, replay, serve, suggest};
+use crate::{eval, kafka_tools, replay, serve, suggest};
 
 /// The whole command line: one subcommand and its flags.
 #[derive(Parser)]
@@ -65,6 +65,10 @@ pub enum Command {
     },
     /// Choose the next batch of points to evaluate (batch Bayesian optimisation, active learning); prints {"points": [...]} as JSON.
     Suggest(Box<suggest::SuggestArgs>),
+    /// Put a Parquet or CSV file's records on a Kafka topic as the JSON messages `serve` reads.
+    Produce(Box<kafka_tools::ProduceArgs>),
+    /// Print a Kafka topic's messages from its first, one a line (the predictions `serve` wrote).
+    Tail(Box<kafka_tools::TailArgs>),
     /// Show what a saved model holds: a checkpoint file, or the newest in a directory.
     Inspect {
         /// A checkpoint file, or a checkpoint directory (its newest is read).

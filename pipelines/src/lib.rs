@@ -11,6 +11,7 @@ pub mod column_args;
 pub mod demo;
 pub mod eval;
 pub mod inspect;
+pub mod kafka_tools;
 pub mod likelihood_args;
 pub mod metrics;
 pub mod model_args;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use dualgp_operators::model::StreamingLearner;
 use dualgp_pipelines::cli::{causes_once, one_line_for, parse_from, subcommand_of, Cli, Command};
-use dualgp_pipelines::{demo, eval, inspect, pipeline, replay, report, serve, suggest};
+use dualgp_pipelines::{demo, eval, inspect, kafka_tools, pipeline, replay, report, serve, suggest};
 use indicatif::{ProgressBar, ProgressStyle};
 
 fn main() {
@@ -136,6 +136,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Suggest(args) => {
             println!("{}", serde_json::to_string(&suggest::run(&args)?)?);
+            Ok(())
+        }
+        Command::Produce(args) => {
+            let n = kafka_tools::produce(&args)?;
+            eprintln!("produced {n} records to `{}`", args.topic);
+            Ok(())
+        }
+        Command::Tail(args) => {
+            let n = kafka_tools::tail(&args, |message| println!("{message}"))?;
+            eprintln!("read {n} messages from `{}`", args.topic);
             Ok(())
         }
         Command::Inspect { checkpoint, json } => {

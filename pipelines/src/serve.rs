@@ -52,6 +52,7 @@ use timely::worker::Worker;
 
 use crate::cluster::ClusterArgs;
 use crate::column_args::ColumnArgs;
+use crate::kafka_tools::key_value;
 use crate::likelihood_args::LikelihoodArgs;
 use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{ModelArgs, Settings};
@@ -162,12 +163,6 @@ pub struct ServeArgs {
     /// No start line and no progress lines on stderr (waits and errors are still said).
     #[arg(long)]
     pub quiet: bool,
-}
-
-fn key_value(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
 /// What a run did, when it stopped (this process's counts).

@@ -12,7 +12,7 @@ use dualgp_pipelines::cli::{causes_once, one_line, Cli, Command};
 use dualgp_pipelines::cluster::ClusterArgs;
 use dualgp_pipelines::model_args::{check_workers, ModelArgs};
 use dualgp_pipelines::pipeline::PipelineConfig;
-use dualgp_pipelines::{eval, inspect, replay, suggest};
+use dualgp_pipelines::{eval, inspect, kafka_tools, replay, suggest};
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
@@ -171,6 +171,13 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
             suggest::run(&args).map(|_| ())
         }
         Command::Inspect { .. } => inspect::inspect(&missing(dir, "checkpoint.json")).map(|_| ()),
+        Command::Produce(mut args) => {
+            // The file is read before the broker is contacted.
+            args.data = missing(dir, "records.parquet");
+            kafka_tools::produce(&args).map(|_| ())
+        }
+        // Tailing would connect to a broker: only the checks before it.
+        Command::Tail(args) => args.checked_connection().map(|_| ()),
     }
 }
 

@@ -6,6 +6,8 @@
 //!   offsets in a [`KafkaPosition`] and an explicit [`KafkaSource::commit`].
 //! - [`PredictionProducer`]: predictions as JSON keyed by record id.
 //! - [`DeadLetterProducer`]: dead letters to `IN.dlq` with their reasons.
+//! - [`MessageProducer`] and [`TopicReader`]: any keyed messages to a topic,
+//!   and every message of a topic from its start (`dualgp produce`, `tail`).
 //!
 //! TLS and SASL settings go through [`KafkaConnection::options`] as
 //! librdkafka keys (`security.protocol`, `ssl.ca.location`,
@@ -16,6 +18,7 @@ mod admin;
 mod message;
 mod sink;
 mod source;
+mod tail;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,8 +29,9 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::{create_topic, topic_partitions, topic_partitions_noting, Waiting};
 pub use message::{MessageDecoder, MessageFormat, MessageOrigin, MAX_RECORD_BYTES};
-pub use sink::{dlq_topic, prediction_json, DeadLetterProducer, PredictionProducer};
+pub use sink::{dlq_topic, prediction_json, DeadLetterProducer, MessageProducer, PredictionProducer};
 pub use source::{KafkaPosition, KafkaSource, KafkaSourceConfig, StartOffset};
+pub use tail::TopicReader;
 
 /// Why a Kafka source or sink cannot go on. Each message says what to check.
 #[derive(Debug, thiserror::Error)]

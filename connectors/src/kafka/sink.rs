@@ -205,6 +205,30 @@ impl PredictionProducer {
     }
 }
 
+/// Any messages to a topic, keyed (what `dualgp produce` writes).
+pub struct MessageProducer {
+    inner: TopicProducer,
+}
+
+impl MessageProducer {
+    /// A producer to `topic`.
+    pub fn new(conn: &KafkaConnection, topic: &str) -> Result<Self, KafkaError> {
+        Ok(MessageProducer {
+            inner: TopicProducer::new(conn, topic)?,
+        })
+    }
+
+    /// Queues one message (waiting, up to the timeout, while the queue is full).
+    pub fn send(&self, key: &str, payload: &str) -> Result<(), KafkaError> {
+        self.inner.send(key, payload)
+    }
+
+    /// Waits until the broker has every queued message, or says how many it has not.
+    pub fn flush(&self) -> Result<(), KafkaError> {
+        self.inner.flush()
+    }
+}
+
 /// Dead letters to `IN.dlq` as JSON `{"origin", "kind", "reason", "payload"}`,
 /// keyed by origin.
 pub struct DeadLetterProducer {
