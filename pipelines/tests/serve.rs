@@ -2,7 +2,8 @@
 //! 127.0.0.1: every produced record comes out scored exactly once, across a
 //! restart from the checkpoint too; malformed messages land in `IN.dlq` with
 //! their reasons; an unreachable broker is one clear line, and so is one
-//! that goes away while serve runs. Serve says what it waits for at once (a
+//! that goes away while serve runs for longer than `--broker-timeout`; a
+//! shorter outage is ridden out with nothing lost or doubled. Serve says what it waits for at once (a
 //! missing topic, the broker), what it starts from, and how far it has come;
 //! started from a model a backtest saved, it scores with that model at once.
 
@@ -473,6 +474,49 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert_eq!(predictions(&address, 300).len(), 300);
+    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records_seen"], 300, "{summary}");
+}
+
+#[test]
+fn a_broker_restart_within_the_broker_timeout_is_ridden_out_with_nothing_lost_or_doubled() {
+    let mut broker = Broker::start_durable();
+    let address = broker.address();
+    create_input(&address);
+    let messages = keyed(&banana_messages()[..300]);
+    let (before, after) = messages.split_at(200);
+    produce(&address, "in", before, 2);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let port = metrics_port.to_string();
+    // No --idle-exit: only the signal at the end stops it.
+    let child = spawn_serve(
+        &address,
+        checkpoints.path(),
+        &["--metrics-port", &port, "--broker-timeout", "60"],
+    );
+    wait_for_predictions(metrics_port, 200);
+
+    broker.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    broker.restart();
+    produce(&address, "in", after, 2);
+    wait_for_predictions(metrics_port, 300);
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "serve did not ride out the outage: {stderr}");
+    let waiting = format!("dualgp serve: waiting for the broker at {address}, which does not answer");
+    assert!(stderr.contains(&waiting), "the outage went unnoticed: {stderr}");
+
+    let seen = predictions(&address, 300);
+    assert_eq!(seen.len(), 300, "{stderr}");
+    assert!(seen.values().all(|p| p.len() == 1), "scored twice: {seen:?}");
     let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["records_seen"], 300, "{summary}");
