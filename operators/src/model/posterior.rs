@@ -224,6 +224,15 @@ pub struct Cross {
 }
 
 impl Cross {
+    fn unwhitened(kzx: DMatrix<f64>, profile: Option<Profile>) -> Cross {
+        Cross {
+            kzx,
+            a: DMatrix::zeros(0, 0),
+            residual_var: DVector::zeros(0),
+            profile,
+        }
+    }
+
     /// Whether `a` and `residual_var` are made (see [`DualPosterior::unwhitened_cross`]).
     pub fn is_whitened(&self) -> bool {
         self.a.shape() == self.kzx.shape()
@@ -501,12 +510,7 @@ impl DualPosterior {
     }
 
     fn cross_of(&self, kzx: DMatrix<f64>, profile: Option<Profile>, x: &DMatrix<f64>) -> Cross {
-        let mut cross = Cross {
-            kzx,
-            a: DMatrix::zeros(0, 0),
-            residual_var: DVector::zeros(0),
-            profile,
-        };
+        let mut cross = Cross::unwhitened(kzx, profile);
         self.whiten_cross(&mut cross, x);
         cross
     }
@@ -518,12 +522,7 @@ impl DualPosterior {
     /// only the sums, saving every point a triangular solve.
     pub fn unwhitened_cross(&self, x: &DMatrix<f64>) -> Cross {
         let (kzx, profile) = self.kernel.matrix_with_profile(&self.z, x);
-        Cross {
-            kzx,
-            a: DMatrix::zeros(0, 0),
-            residual_var: DVector::zeros(0),
-            profile,
-        }
+        Cross::unwhitened(kzx, profile)
     }
 
     /// Makes the whitened columns and residual variances of `cross`, the

@@ -665,24 +665,22 @@ impl Block {
         // A re-learning M-step has just recolumned under this θ: reuse the
         // columns (and the refit's sums); other ones are not those the sites
         // were added with.
-        let mut fresh;
-        let (columns, refit_totals) = match &mut self.columns {
-            Some(columns) if columns.are_under(post) => (columns, refit_totals),
-            _ => {
-                fresh = Columns::under(post, points.x());
-                (&mut fresh, None)
-            }
-        };
-        let site_gram = match (&model.likelihood, refit_totals) {
+        let under = self.columns.as_ref().is_some_and(|c| c.are_under(post));
+        let site_gram = match (&model.likelihood, refit_totals.filter(|_| under)) {
             (Likelihood::Gaussian { variance }, Some(mut sums)) => {
-                let held = self
-                    .control
-                    .map(|control| contribution(&self.sites, n_batch, control, &self.first));
-                let s2 = held.as_ref().unwrap_or(&self.sites).s2.column(0);
-                let exact = (0..points.n()).all(|i| s2[i] == weights[i] * (1.0 / variance));
+                let s2 = &self.contribution().s2;
+                let exact = (0..points.n()).all(|i| s2[(i, 0)] == weights[i] * (1.0 / variance));
                 exact.then(|| sums.swap_remove(0).lambda)
             }
             _ => None,
+        };
+        let mut fresh;
+        let columns = match &mut self.columns {
+            Some(columns) if under => columns,
+            _ => {
+                fresh = Columns::under(post, points.x());
+                &mut fresh
+            }
         };
         if site_gram.is_none() {
             columns.whiten(post, points.x());
