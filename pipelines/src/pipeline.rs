@@ -246,6 +246,7 @@ impl PipelineConfig {
                     group_id: group_id.clone(),
                     kafka_options: options.clone().into_iter().collect(),
                     broker_timeout: *broker_timeout,
+                    peer_timeout: crate::serve::PEER_TIMEOUT_SECONDS,
                     max_record_bytes: *max_record_bytes,
                     epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::serve::EPOCHS_IN_FLIGHT),
                     scoring: self.scoring.unwrap_or(Scoring::OnArrival),

@@ -70,6 +70,9 @@ use telling::{say, Epochs, ModelFrom, PeerWait, Progress, StartLine, Tally};
 /// more tightly.)
 pub const EPOCHS_IN_FLIGHT: u64 = 16;
 
+/// `--peer-timeout`'s default: seconds a process waits for the others at start.
+pub const PEER_TIMEOUT_SECONDS: f64 = 120.0;
+
 /// `--progress`'s default: seconds between progress lines.
 pub const PROGRESS_SECONDS: f64 = 10.0;
 
@@ -125,6 +128,9 @@ pub struct ServeArgs {
     /// The longest wait for the broker (start-up, an outage) before a clear error.
     #[arg(long, default_value_t = 30.0)]
     pub broker_timeout: f64,
+    /// The longest wait, at start, for the cluster's other processes before a clear error.
+    #[arg(long, value_name = "SECONDS", default_value_t = PEER_TIMEOUT_SECONDS)]
+    pub peer_timeout: f64,
     /// A message larger than this is a `too_large` dead letter, never parsed.
     #[arg(long, value_name = "BYTES", default_value_t = MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
@@ -245,6 +251,12 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     if args.batch_size == 0 || args.batch_timeout_ms == 0 {
         bail!("--batch-size and --batch-timeout-ms must be above 0");
     }
+    if !args.peer_timeout.is_finite() || args.peer_timeout <= 0.0 {
+        bail!(
+            "--peer-timeout {} must be a positive number of seconds",
+            args.peer_timeout
+        );
+    }
     if !args.broker_timeout.is_finite() || args.broker_timeout <= 0.0 {
         bail!("--broker-timeout must be above 0 seconds");
     }
@@ -351,7 +363,11 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         leader: Mutex::new(Some((word, store))),
         producers: Mutex::new(producers),
     };
-    let peers = PeerWait::start(args.cluster.process, &addresses);
+    let peers = PeerWait::start(
+        args.cluster.process,
+        &addresses,
+        Duration::from_secs_f64(args.peer_timeout),
+    );
     let formed = peers.formed();
     let joined = wiring::execute(timely_config, move |worker| {
         formed.store(true, Ordering::SeqCst);

@@ -420,6 +420,38 @@ fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_
 }
 
 #[test]
+fn a_serve_process_whose_peer_never_starts_says_which_within_the_peer_timeout() {
+    let broker = Broker::start();
+    let address = broker.address();
+    create_topics(&address, 1, &["lonely-in"]);
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hostfile(dir.path());
+    let mut args = serve_args(&address, "lonely-in", "lonely-out", None);
+    args.extend(["--processes", "2", "--process", "0", "--peer-timeout", "2"].map(String::from));
+    args.extend(["--hostfile".into(), path(&hosts).into()]);
+    let started = Instant::now();
+    let out = dualgp(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(started.elapsed() < DEADLINE, "{stderr}");
+    let peer = std::fs::read_to_string(&hosts)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_string();
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("dualgp: the cluster did not form within 2 s (--peer-timeout)")
+            && last.contains(&format!("process 1 at {peer}")),
+        "{stderr}"
+    );
+    // It said what it waited for at once, too.
+    assert!(stderr.contains("waiting for the cluster's other processes"), "{stderr}");
+}
+
+#[test]
 fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
     let broker = Broker::start();
     let address = broker.address();

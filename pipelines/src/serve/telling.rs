@@ -242,7 +242,9 @@ impl Progress {
 }
 
 /// Says, if the cluster has not formed half a second after it is asked to,
-/// which processes it waits for, and once it has formed, that it has; until dropped.
+/// which processes it waits for, and once it has formed, that it has; until
+/// dropped. A cluster not formed within `timeout` ends the process with one
+/// line naming the processes it waited for (nothing has been read yet).
 pub(crate) struct PeerWait {
     formed: Arc<AtomicBool>,
     _watcher: Option<Watcher>,
@@ -250,7 +252,7 @@ pub(crate) struct PeerWait {
 
 impl PeerWait {
     /// For process `me` of a cluster at `addresses`; nothing for one process.
-    pub fn start(me: usize, addresses: &[String]) -> PeerWait {
+    pub fn start(me: usize, addresses: &[String], timeout: Duration) -> PeerWait {
         let formed = Arc::new(AtomicBool::new(false));
         if addresses.len() < 2 {
             return PeerWait { formed, _watcher: None };
@@ -270,10 +272,19 @@ impl PeerWait {
                 "waiting for the cluster's other processes ({}); start each with the same flags and its own --process",
                 others.join(", ")
             ));
+            let started = Instant::now();
             while !until.wait(Duration::from_millis(100)) {
                 if seen.load(Ordering::SeqCst) {
                     say(format_args!("all {n} processes connected"));
                     return;
+                }
+                if started.elapsed() + Duration::from_millis(500) >= timeout {
+                    eprintln!(
+                        "dualgp: the cluster did not form within {} s (--peer-timeout): no connection with {}; start each with the same flags and its own --process, and check the hostfile's addresses",
+                        timeout.as_secs_f64(),
+                        others.join(", ")
+                    );
+                    std::process::exit(1);
                 }
             }
         });
