@@ -429,24 +429,62 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     assert_eq!(predictions(&address, 200).len(), 200);
 }
 
+/// serve on a broker whose topics live in a local S3 server (so they
+/// outlive the broker process), with `--broker-timeout` as given and no
+/// `--idle-exit`, once it has scored the first 200 of 300 banana messages.
+struct Outage {
+    broker: Broker,
+    address: String,
+    after: Vec<(String, String)>,
+    checkpoints: tempfile::TempDir,
+    metrics_port: u16,
+    child: Child,
+}
+
+impl Outage {
+    fn serving_200_of_300(broker_timeout: &str) -> Outage {
+        let broker = Broker::start_durable();
+        let address = broker.address();
+        create_input(&address);
+        let mut before = keyed(&banana_messages()[..300]);
+        let after = before.split_off(200);
+        produce(&address, "in", &before, 2);
+        let checkpoints = tempfile::tempdir().unwrap();
+        let metrics_port = free_port();
+        let port = metrics_port.to_string();
+        let child = spawn_serve(
+            &address,
+            checkpoints.path(),
+            &["--metrics-port", &port, "--broker-timeout", broker_timeout],
+        );
+        wait_for_predictions(metrics_port, 200);
+        Outage {
+            broker,
+            address,
+            after,
+            checkpoints,
+            metrics_port,
+            child,
+        }
+    }
+}
+
+/// How many records the newest checkpoint in `checkpoints` has learned.
+fn records_seen(checkpoints: &Path) -> serde_json::Value {
+    let out = dualgp(&["inspect", checkpoints.to_str().unwrap(), "--json"]);
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["records_seen"].clone()
+}
+
 #[test]
 fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_once() {
-    // Topics live in a local S3 server, so they outlive the broker process.
-    let mut broker = Broker::start_durable();
-    let address = broker.address();
-    create_input(&address);
-    let messages = keyed(&banana_messages()[..300]);
-    let (before, after) = messages.split_at(200);
-    produce(&address, "in", before, 2);
-    let checkpoints = tempfile::tempdir().unwrap();
-    let metrics_port = free_port();
-    let port = metrics_port.to_string();
-    let mut child = spawn_serve(
-        &address,
-        checkpoints.path(),
-        &["--metrics-port", &port, "--broker-timeout", "3"],
-    );
-    wait_for_predictions(metrics_port, 200);
+    let Outage {
+        mut broker,
+        address,
+        after,
+        checkpoints,
+        mut child,
+        ..
+    } = Outage::serving_200_of_300("3");
     assert_eq!(predictions(&address, 200).len(), 200, "scored before the outage");
 
     broker.stop();
@@ -470,38 +508,28 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
     // With the broker back, a restart resumes from the checkpoint: the model
     // learns the new records, and none of the old ones a second time.
     broker.restart();
-    produce(&address, "in", after, 2);
+    produce(&address, "in", &after, 2);
     let (stdout, _) = serve(&address, checkpoints.path(), "1", None);
     assert!(stdout.contains("100 records scored"), "{stdout}");
     assert_eq!(predictions(&address, 300).len(), 300);
-    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(summary["records_seen"], 300, "{summary}");
+    assert_eq!(records_seen(checkpoints.path()), 300);
 }
 
 #[test]
 fn a_broker_restart_within_the_broker_timeout_is_ridden_out_with_nothing_lost_or_doubled() {
-    let mut broker = Broker::start_durable();
-    let address = broker.address();
-    create_input(&address);
-    let messages = keyed(&banana_messages()[..300]);
-    let (before, after) = messages.split_at(200);
-    produce(&address, "in", before, 2);
-    let checkpoints = tempfile::tempdir().unwrap();
-    let metrics_port = free_port();
-    let port = metrics_port.to_string();
-    // No --idle-exit: only the signal at the end stops it.
-    let child = spawn_serve(
-        &address,
-        checkpoints.path(),
-        &["--metrics-port", &port, "--broker-timeout", "60"],
-    );
-    wait_for_predictions(metrics_port, 200);
+    let Outage {
+        mut broker,
+        address,
+        after,
+        checkpoints,
+        metrics_port,
+        child,
+    } = Outage::serving_200_of_300("60");
 
     broker.stop();
     std::thread::sleep(Duration::from_secs(3));
     broker.restart();
-    produce(&address, "in", after, 2);
+    produce(&address, "in", &after, 2);
     wait_for_predictions(metrics_port, 300);
     let stopped = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -517,9 +545,7 @@ fn a_broker_restart_within_the_broker_timeout_is_ridden_out_with_nothing_lost_or
     let seen = predictions(&address, 300);
     assert_eq!(seen.len(), 300, "{stderr}");
     assert!(seen.values().all(|p| p.len() == 1), "scored twice: {seen:?}");
-    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(summary["records_seen"], 300, "{summary}");
+    assert_eq!(records_seen(checkpoints.path()), 300);
 }
 
 /// Each prediction on `out` as `(id, epoch, model_epoch, p1)`, `expected` awaited.
