@@ -25,7 +25,9 @@ use arrow::array::{ArrayRef, Float64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{assert_fails_with, create_topics, dualgp, hostfile, newest_checkpoint, produce, read_topic, words};
+use common::{
+    assert_fails_with, create_topics, dualgp, hostfile, newest_checkpoint, produce, read_topic, terminate, words,
+};
 use parquet_files::{data, f64s, read_parquet, write_batch};
 
 /// The longest a cluster run may take before its processes are killed.
@@ -470,11 +472,7 @@ fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
         args
     });
     assert_eq!(payloads_by_id(&address, "out", 400).len(), 400);
-    let signalled = Command::new("kill")
-        .args(["-TERM", &cluster.children[1].id().to_string()])
-        .status()
-        .unwrap();
-    assert!(signalled.success());
+    terminate(&cluster.children[1]);
     let logs = cluster.wait();
     assert!(logs[0].contains("offsets committed through epoch"), "{}", logs[0]);
     assert!(logs[1].contains("process 1 of 2"), "{}", logs[1]);

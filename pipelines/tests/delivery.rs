@@ -22,7 +22,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{create_topics, metrics_page, produce, produce_with, read_topic, serve_command};
+use common::{create_topics, metrics_page, output_within, produce, produce_with, read_topic, serve_command};
 use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 
@@ -59,16 +59,7 @@ fn spawn_serve(address: &str, checkpoints: &Path, flags: &[&str]) -> Child {
 
 /// [`spawn_serve`] with `flags`, to its end (at most two minutes).
 fn serve_to_end(address: &str, checkpoints: &Path, flags: &[&str]) -> Output {
-    let mut child = spawn_serve(address, checkpoints, flags);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("serve did not stop within two minutes");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
+    output_within(spawn_serve(address, checkpoints, flags), Duration::from_secs(120))
 }
 
 /// Serve on one worker, epochs of 10 records, with `extra` flags, to its idle exit.

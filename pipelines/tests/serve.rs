@@ -18,14 +18,16 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Int64Array, UInt64Array};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{create_topics, dualgp, metrics_page, produce, read_topic, serve_command};
+use common::{
+    create_topics, dualgp, exit_within, metrics_page, output_within, produce, read_topic, serve_command, terminate,
+};
 use dualgp_connectors::{shared_data, Table};
 use parquet_files::{f64s, read_parquet};
 
@@ -270,21 +272,6 @@ fn stderr_lines(child: &mut Child) -> Receiver<(Instant, String)> {
     lines
 }
 
-/// Waits (at most `limit`) for `child` to exit; kills it past that.
-fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("serve did not stop within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Waits (at most `limit`) for serve to exit successfully: its stderr lines and its stdout.
 fn finished_within(child: &mut Child, limit: Duration) -> (Vec<String>, String) {
     let lines = stderr_lines(child);
@@ -409,11 +396,7 @@ fn sigterm_finishes_the_epoch_checkpoints_commits_and_exits_zero() {
     let port = metrics_port.to_string();
     let child = spawn_serve(&address, checkpoints.path(), &["--metrics-port", &port]);
     wait_for_predictions(metrics_port, 200);
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    terminate(&child);
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -482,21 +465,13 @@ fn a_broker_outage_stops_serve_with_one_line_and_a_restart_learns_each_record_on
         address,
         after,
         checkpoints,
-        mut child,
+        child,
         ..
     } = Outage::serving_200_of_300("3");
     assert_eq!(predictions(&address, 200).len(), 200, "scored before the outage");
 
     broker.stop();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("serve went on without its broker");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, Duration::from_secs(90)); // serve must not go on without its broker
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     let last = stderr.trim().lines().last().unwrap_or_default();
@@ -531,11 +506,7 @@ fn a_broker_restart_within_the_broker_timeout_is_ridden_out_with_nothing_lost_or
     broker.restart();
     produce(&address, "in", &after, 2);
     wait_for_predictions(metrics_port, 300);
-    let stopped = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
+    terminate(&child);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "serve did not ride out the outage: {stderr}");

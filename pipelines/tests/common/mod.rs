@@ -232,3 +232,33 @@ pub fn metrics_page(port: u16) -> Option<String> {
     stream.read_to_string(&mut page).ok()?;
     Some(page)
 }
+
+/// Waits (at most `limit`) for `child` to exit; kills it past that.
+pub fn exit_within(child: &mut std::process::Child, limit: std::time::Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("dualgp did not stop within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// [`exit_within`], then what `child` wrote.
+pub fn output_within(mut child: std::process::Child, limit: std::time::Duration) -> Output {
+    exit_within(&mut child, limit);
+    child.wait_with_output().unwrap()
+}
+
+/// Sends SIGTERM to `child` (serve's graceful stop).
+pub fn terminate(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
