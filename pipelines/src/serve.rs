@@ -337,13 +337,13 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         let every = Duration::from_secs_f64(args.progress);
         Progress::start(every, serving.metrics.clone(), Arc::clone(&serving.tally))
     });
-    let (word, store) = match beginning {
-        Some(beginning) => {
-            let (word, store) = beginning.opening(args, &config, &settings, likelihood, &serving.stop)?;
-            (Some(word), store)
-        }
-        None => (None, None),
-    };
+    // Worker 0 of process 0 opens the stream once the cluster has formed: a
+    // fresh start waits there for its first records, which must not keep the
+    // peers from connecting (they would time out on a live process 0).
+    let leader = beginning.map(|beginning| {
+        let (args, config, stop) = (args.clone(), config.clone(), Arc::clone(&serving.stop));
+        Box::new(move || beginning.opening(&args, &config, &settings, likelihood, &stop)) as Leader
+    });
     // This process's producers, opened before the cluster so that a failure
     // is an error here, not one worker missing from the dataflow.
     let mut producers = Vec::with_capacity(args.workers);
@@ -360,7 +360,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         epochs_in_flight: args.epochs_in_flight,
         workers: args.workers,
         serving: serving.clone(),
-        leader: Mutex::new(Some((word, store))),
+        leader: Mutex::new(leader),
         producers: Mutex::new(producers),
     };
     let peers = PeerWait::start(
@@ -462,28 +462,35 @@ struct Plan {
     /// Workers in this process.
     workers: usize,
     serving: Serving,
-    /// Process 0's word to the cluster and its checkpoint store: worker 0's.
-    leader: Mutex<Option<(Option<Word>, Option<CheckpointStore>)>>,
+    /// How process 0 opens the stream: worker 0's.
+    leader: Mutex<Option<Leader>>,
     /// Each worker's producers, by its index in this process.
     producers: Mutex<Vec<Option<(PredictionProducer, DeadLetterProducer)>>>,
 }
 
+/// Process 0's opening of the stream: its word to the cluster and its
+/// checkpoint store.
+type Leader = Box<dyn FnOnce() -> Result<(Word, Option<CheckpointStore>)> + Send>;
+
 /// One worker: hears where the cluster starts, opens its share of the
 /// partitions there, and serves until the cluster stops.
 fn serve_worker(worker: &mut Worker, plan: &Plan) -> WorkerOutcome {
-    let (word, store) = match worker.index() {
-        0 => locked(&plan.leader).take().unwrap_or_default(),
-        _ => (None, None),
+    let leader = match worker.index() {
+        0 => locked(&plan.leader).take(),
+        _ => None,
+    };
+    let (word, store) = match leader.map(|open| open()).transpose() {
+        Ok(opened) => opened.map_or((None, None), |(word, store)| (Some(word), store)),
+        // The others hear no word and stop; this worker says why.
+        Err(error) => {
+            let _ = share_opening(worker, None);
+            return WorkerOutcome::failed(format!("{error:#}"));
+        }
     };
     let opening = match share_opening(worker, word.as_ref()) {
         Ok(Word(Some(opening))) => opening,
         Ok(Word(None)) => return WorkerOutcome::default(),
-        Err(error) => {
-            return WorkerOutcome {
-                error: Some(error),
-                ..WorkerOutcome::default()
-            }
-        }
+        Err(error) => return WorkerOutcome::failed(error),
     };
     let (predictions, dead) = locked(&plan.producers)[worker.index() % plan.workers]
         .take()

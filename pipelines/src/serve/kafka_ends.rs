@@ -46,6 +46,15 @@ pub(crate) struct WorkerOutcome {
     pub committed: Option<u64>,
 }
 
+impl WorkerOutcome {
+    pub fn failed(error: String) -> Self {
+        WorkerOutcome {
+            error: Some(error),
+            ..WorkerOutcome::default()
+        }
+    }
+}
+
 pub(crate) struct KafkaEnds {
     serving: Serving,
     scaling: Standardizer,
@@ -133,7 +142,7 @@ impl KafkaEnds {
     fn note_read(&mut self, part: &EpochPart<KafkaPosition>, streamed: usize) {
         let m = &self.serving.metrics;
         m.records_in.inc_by((streamed + part.records.len()) as u64);
-        m.dead_letters.inc_by(part.dead_letters.len() as u64);
+        m.dead_letters.count(&part.dead_letters);
         m.saw_epochs(part.epoch + 1);
         let brought = streamed > 0 || !part.records.is_empty() || !part.dead_letters.is_empty();
         self.serving.tally.read(part.epoch, brought);
@@ -213,7 +222,7 @@ impl Ends for KafkaEnds {
                         e,
                     ));
                 }
-                m2.dead_letters.inc_by(letters.len() as u64);
+                m2.dead_letters.count(&letters);
             })
             .probe_with(&self.delivery)
             .probe_with(probe);

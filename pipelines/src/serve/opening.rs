@@ -63,7 +63,7 @@ pub(crate) fn share_opening(worker: &mut Worker, word: Option<&Word>) -> Result<
     sent.map_err(|e| format!("cannot pass on the opening: {e}"))?;
     let json = heard
         .take()
-        .ok_or_else(|| "worker 0 sent no opening: the cluster's processes disagree".to_string())?;
+        .ok_or_else(|| "process 0 sent no opening: it could not open the stream (its log says why), or the cluster's processes disagree".to_string())?;
     let mut word: Word = serde_json::from_str(&json).map_err(|e| format!("the opening did not read back: {e}"))?;
     // The learner's factors are not serialised: rebuilt as from a checkpoint.
     if let Some(opening) = word.0.as_mut() {
