@@ -1,7 +1,7 @@
 //! `serve`'s metrics in the Prometheus text format (the `prometheus` crate),
 //! on a small HTTP endpoint (127.0.0.1 by default; `tiny_http`, which reads
 //! each client on its own thread, so a client that connects and says nothing
-//! holds up no one): counters of records in and out, dead letters, updates
+//! holds up no one): counters of records in and out, dead letters by reason, updates
 //! applied and failed, epochs; histograms of epoch latency (first record
 //! read → predictions delivered) and of staleness (epochs a record's model
 //! lagged behind it). The names are a contract: outside checks read them.
@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Registry, TextEncoder};
+use dualgp_connectors::DeadLetter;
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// Every metric `serve` keeps; clones share the counts.
 #[derive(Clone)]
@@ -22,7 +23,7 @@ pub struct Metrics {
     /// Predictions delivered.
     pub predictions_out: IntCounter,
     /// Records sent to the dead-letter topic.
-    pub dead_letters: IntCounter,
+    pub dead_letters: DeadLetterCount,
     /// Updates applied.
     pub updates: IntCounter,
     /// Updates that failed, the model left as it was (see `reduce_stage`).
@@ -53,10 +54,7 @@ impl Default for Metrics {
         Metrics {
             records_in: counter("dualgp_records_in_total", "Records decoded from the input."),
             predictions_out: counter("dualgp_predictions_out_total", "Predictions delivered."),
-            dead_letters: counter(
-                "dualgp_dead_letters_total",
-                "Messages or records sent to the dead-letter topic.",
-            ),
+            dead_letters: DeadLetterCount::registered(&registry),
             updates: counter("dualgp_updates_total", "Model updates applied."),
             updates_failed: counter(
                 "dualgp_updates_failed_total",
@@ -76,6 +74,42 @@ impl Default for Metrics {
             ),
             registry,
         }
+    }
+}
+
+/// Messages or records sent to the dead-letter topic, by the kind of their
+/// reason (`dualgp_dead_letters_total{reason="non_finite"}`), and in all.
+#[derive(Clone)]
+pub struct DeadLetterCount {
+    by_reason: IntCounterVec,
+    total: Arc<AtomicU64>,
+}
+
+impl DeadLetterCount {
+    fn registered(registry: &Registry) -> Self {
+        let opts = Opts::new(
+            "dualgp_dead_letters_total",
+            "Messages or records sent to the dead-letter topic, by the kind of their reason.",
+        );
+        let by_reason = IntCounterVec::new(opts, &["reason"]).expect("a valid metric name");
+        registry.register(Box::new(by_reason.clone())).expect("registered once");
+        DeadLetterCount {
+            by_reason,
+            total: Arc::default(),
+        }
+    }
+
+    /// Counts `letters`.
+    pub fn count(&self, letters: &[DeadLetter]) {
+        for letter in letters {
+            self.by_reason.with_label_values(&[letter.reason.kind().as_str()]).inc();
+        }
+        self.total.fetch_add(letters.len() as u64, Ordering::SeqCst);
+    }
+
+    /// All counted so far.
+    pub fn get(&self) -> u64 {
+        self.total.load(Ordering::SeqCst)
     }
 }
 
@@ -153,6 +187,8 @@ mod tests {
     use std::net::TcpStream;
     use std::time::Duration;
 
+    use dualgp_connectors::{Origin, Reason};
+
     use super::*;
 
     fn scrape(addr: SocketAddr) -> String {
@@ -193,7 +229,25 @@ mod tests {
         let metrics = Metrics::default();
         metrics.records_in.inc_by(12);
         metrics.predictions_out.inc_by(10);
-        metrics.dead_letters.inc_by(2);
+        let letter = |reason| DeadLetter {
+            origin: Origin::File {
+                path: "in.parquet".into(),
+                row: 0,
+            },
+            payload: String::new(),
+            reason,
+        };
+        let non_finite = |field: &str| Reason::NonFinite {
+            field: field.into(),
+            value: "NaN".into(),
+        };
+        metrics.dead_letters.count(&[
+            letter(non_finite("x0")),
+            letter(non_finite("y")),
+            letter(Reason::Undecodable {
+                detail: "not JSON".into(),
+            }),
+        ]);
         metrics.updates_failed.inc();
         metrics.saw_epochs(4);
         metrics.saw_epochs(3);
@@ -226,7 +280,8 @@ mod tests {
             "# TYPE dualgp_records_in_total counter",
             "dualgp_records_in_total 12",
             "dualgp_predictions_out_total 10",
-            "dualgp_dead_letters_total 2",
+            "dualgp_dead_letters_total{reason=\"non_finite\"} 2",
+            "dualgp_dead_letters_total{reason=\"undecodable\"} 1",
             "dualgp_updates_total 0",
             "dualgp_updates_failed_total 1",
             "dualgp_epochs_total 4",
