@@ -24,6 +24,8 @@ pub(crate) enum OpenFailure {
     Open(std::io::Error),
     /// A `.csv` file the CSV reader refused.
     NotCsv(ArrowError),
+    /// A `.csv` file with a header and no rows: no values to type its columns by.
+    EmptyCsv,
     /// No valid Parquet footer (truncated, or another format).
     NotParquet(ParquetError),
 }
@@ -32,9 +34,11 @@ impl DataFile {
     pub(crate) fn open(path: &Path) -> Result<DataFile, OpenFailure> {
         let file = File::open(path).map_err(OpenFailure::Open)?;
         if is_csv(path) {
-            return CsvInput::open(path, &file)
-                .map(DataFile::Csv)
-                .map_err(OpenFailure::NotCsv);
+            let csv = CsvInput::open(path, &file).map_err(OpenFailure::NotCsv)?;
+            return match csv.rows() {
+                0 => Err(OpenFailure::EmptyCsv),
+                _ => Ok(DataFile::Csv(csv)),
+            };
         }
         let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(OpenFailure::NotParquet)?;
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);

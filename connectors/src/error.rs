@@ -43,6 +43,12 @@ pub enum SourceError {
         /// What the CSV reader said.
         source: arrow::error::ArrowError,
     },
+    /// A `.csv` file with a header and no rows.
+    #[error("{} has a header but no rows: nothing to read, and no values to tell its columns' types", .path.display())]
+    EmptyCsv {
+        /// The file.
+        path: PathBuf,
+    },
     /// The columns cannot make up records; the message names the flag that
     /// chooses the column (`--id`, `--features`, `--target`, `--output-column`).
     #[error("{input}: {source}; {}", .source.hint())]
@@ -77,6 +83,7 @@ impl SourceError {
         match failure {
             OpenFailure::Open(source) => SourceError::Open { path, source },
             OpenFailure::NotCsv(source) => SourceError::NotCsv { path, source },
+            OpenFailure::EmptyCsv => SourceError::EmptyCsv { path },
             OpenFailure::NotParquet(source) => SourceError::NotParquet { path, source },
         }
     }

@@ -65,6 +65,12 @@ pub enum TableError {
         /// The CSV reader's reason.
         source: ArrowError,
     },
+    /// A `.csv` file with a header and no rows.
+    #[error("{} has a header but no rows: nothing to read, and no values to tell its columns' types", .path.display())]
+    EmptyCsv {
+        /// The file asked for.
+        path: PathBuf,
+    },
     /// The columns cannot make up records: one is missing or has a type its
     /// role does not take (the same rules as the streaming sources').
     #[error("{}: {source}; {}", .path.display(), .source.hint())]
@@ -107,6 +113,7 @@ impl TableError {
         match failure {
             OpenFailure::Open(source) => TableError::Open { path, source },
             OpenFailure::NotCsv(source) => TableError::NotCsv { path, source },
+            OpenFailure::EmptyCsv => TableError::EmptyCsv { path },
             OpenFailure::NotParquet(source) => TableError::NotParquet { path, source },
         }
     }

@@ -310,6 +310,19 @@ fn a_bad_csv_file_or_a_missing_column_is_one_clear_line() {
         assert!(!said.contains('\n'), "{said}");
     }
 
+    // A header and no rows: said as such, not as a column of type Null.
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, whole.lines().next().unwrap()).unwrap();
+    let table = Table::read(&empty, &spec).unwrap_err();
+    let stream = ParquetSource::open(&empty, &config, WorkerShare::ALONE, None)
+        .err()
+        .unwrap();
+    assert!(matches!(table, TableError::EmptyCsv { .. }), "{table:?}");
+    assert!(matches!(stream, SourceError::EmptyCsv { .. }), "{stream:?}");
+    for said in [table.to_string(), stream.to_string()] {
+        assert!(said.contains("empty.csv has a header but no rows"), "{said}");
+    }
+
     // Our default columns are not in their file: each error names the column and its flag.
     let table = Table::read(&csv, &ColumnSpec::default()).unwrap_err().to_string();
     assert!(table.contains("no column `id`") && table.contains("--id"), "{table}");
