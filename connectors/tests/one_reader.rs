@@ -279,6 +279,19 @@ fn event_time_windows_of_a_csv_file_agree_on_any_number_of_workers() {
     assert_eq!(epochs(3), alone);
 }
 
+/// How the table reader and the stream refuse `path`.
+fn refused_both_ways(
+    path: &std::path::Path,
+    spec: &ColumnSpec,
+    config: &ParquetSourceConfig,
+) -> (TableError, SourceError) {
+    let table = Table::read(path, spec).unwrap_err();
+    let stream = ParquetSource::open(path, config, WorkerShare::ALONE, None)
+        .err()
+        .unwrap();
+    (table, stream)
+}
+
 #[test]
 fn a_bad_csv_file_or_a_missing_column_is_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,10 +309,7 @@ fn a_bad_csv_file_or_a_missing_column_is_one_clear_line() {
         ..ParquetSourceConfig::default()
     };
 
-    let table = Table::read(&truncated, &spec).unwrap_err();
-    let stream = ParquetSource::open(&truncated, &config, WorkerShare::ALONE, None)
-        .err()
-        .unwrap();
+    let (table, stream) = refused_both_ways(&truncated, &spec, &config);
     assert!(matches!(table, TableError::NotCsv { .. }), "{table:?}");
     assert!(matches!(stream, SourceError::NotCsv { .. }), "{stream:?}");
     for said in [table.to_string(), stream.to_string()] {
@@ -313,10 +323,7 @@ fn a_bad_csv_file_or_a_missing_column_is_one_clear_line() {
     // A header and no rows: said as such, not as a column of type Null.
     let empty = dir.path().join("empty.csv");
     std::fs::write(&empty, whole.lines().next().unwrap()).unwrap();
-    let table = Table::read(&empty, &spec).unwrap_err();
-    let stream = ParquetSource::open(&empty, &config, WorkerShare::ALONE, None)
-        .err()
-        .unwrap();
+    let (table, stream) = refused_both_ways(&empty, &spec, &config);
     assert!(matches!(table, TableError::EmptyCsv { .. }), "{table:?}");
     assert!(matches!(stream, SourceError::EmptyCsv { .. }), "{stream:?}");
     for said in [table.to_string(), stream.to_string()] {

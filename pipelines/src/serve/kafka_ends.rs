@@ -47,6 +47,7 @@ pub(crate) struct WorkerOutcome {
 }
 
 impl WorkerOutcome {
+    /// A worker that stopped for `error`, having served nothing.
     pub fn failed(error: String) -> Self {
         WorkerOutcome {
             error: Some(error),
