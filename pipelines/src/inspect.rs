@@ -8,6 +8,8 @@ use dualgp_operators::dataflow::{read_checkpoint, Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Kernel, StreamingLearner};
 use serde::Serialize;
 
+use crate::wording::counted;
+
 /// A checkpoint's model in a few numbers.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelSummary {
@@ -103,8 +105,9 @@ impl fmt::Display for ModelSummary {
         writeln!(f, "memory       {} points", self.memory)?;
         writeln!(
             f,
-            "seen         {} records in {} batches",
-            self.records_seen, self.batches
+            "seen         {} in {}",
+            counted(self.records_seen, "record"),
+            counted(self.batches, "batch")
         )?;
         writeln!(f, "hyperparameters")?;
         for (name, value) in &self.hyperparameters {

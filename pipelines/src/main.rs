@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dualgp_operators::model::StreamingLearner;
 use dualgp_pipelines::cli::{causes_once, one_line_for, parse_from, subcommand_of, Cli, Command};
+use dualgp_pipelines::wording::counted;
 use dualgp_pipelines::{demo, eval, inspect, kafka_tools, pipeline, replay, report, serve, suggest};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -140,7 +141,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Produce(args) => {
             let n = kafka_tools::produce(&args)?;
-            eprintln!("produced {n} records to `{}`", args.topic);
+            eprintln!("produced {} to `{}`", counted(n as u64, "record"), args.topic);
             Ok(())
         }
         Command::Tail(args) => {

@@ -59,6 +59,7 @@ use crate::model_args::{ModelArgs, Settings};
 use crate::protocol::Standardizer;
 use crate::saved_model::{read_scaling, write_scaling, SavedModel};
 use crate::wiring::{self, fresh_learner, Start};
+use crate::wording::counted;
 use kafka_ends::{Equipment, KafkaEnds, Serving, WorkerOutcome};
 use opening::{share_opening, Opening, Word};
 use telling::{say, Epochs, ModelFrom, PeerWait, Progress, StartLine, Tally};
@@ -235,8 +236,12 @@ impl ServeSummary {
             ),
         };
         format!(
-            "{} records scored{scored}, {} predictions sent, {} dead letters; {} updates ({} failed){learned}; {committed}",
-            self.records, self.predictions, self.dead_letters, self.updates, self.failed_updates
+            "{} scored{scored}, {} sent, {}; {} ({} failed){learned}; {committed}",
+            counted(self.records, "record"),
+            counted(self.predictions, "prediction"),
+            counted(self.dead_letters, "dead letter"),
+            counted(self.updates, "update"),
+            self.failed_updates
         )
     }
 }

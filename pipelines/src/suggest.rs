@@ -25,6 +25,7 @@ use crate::column_args::ColumnArgs;
 use crate::model_args::{Method, ModelArgs, Settings};
 use crate::protocol::Standardizer;
 use crate::saved_model::{read_scaling, SCALING_FILE};
+use crate::wording::plural;
 
 /// `dualgp suggest`'s flags: a model to start from, the box, the acquisition.
 #[derive(Debug, Clone, Args)]
@@ -224,20 +225,12 @@ fn check_dimension(bounds: &Bounds, d: usize) -> Result<()> {
     if given != d {
         bail!(
             "--bounds gives {given} range{} for a model of {d} input{} (x0…x{}): give one `lo,hi` per input",
-            plural(given),
-            plural(d),
+            plural(given as u64),
+            plural(d as u64),
             d.saturating_sub(1)
         );
     }
     Ok(())
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
-    }
 }
 
 /// The newest checkpoint in `dir` and the scaling kept beside it.

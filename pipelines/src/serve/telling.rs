@@ -16,6 +16,7 @@ use dualgp_connectors::WorkerShare;
 use dualgp_operators::dataflow::Prediction;
 
 use crate::metrics::Metrics;
+use crate::wording::{counted, plural};
 
 /// One line on standard error.
 pub(crate) fn say(line: impl std::fmt::Display) {
@@ -161,21 +162,13 @@ fn progress_line(started: Instant, metrics: &Metrics, tally: &Tally) -> String {
         (_, None) => "nothing scored yet".into(),
     };
     format!(
-        "{:.0} s: {} records, {} predictions, {} updates ({model}), {} dead letters",
+        "{:.0} s: {}, {}, {} ({model}), {}",
         started.elapsed().as_secs_f64(),
-        metrics.records_in.get(),
-        metrics.predictions_out.get(),
-        metrics.updates.get(),
-        metrics.dead_letters.get()
+        counted(metrics.records_in.get(), "record"),
+        counted(metrics.predictions_out.get(), "prediction"),
+        counted(metrics.updates.get(), "update"),
+        counted(metrics.dead_letters.get(), "dead letter")
     )
-}
-
-fn plural(n: u64) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
-    }
 }
 
 /// A thread of these lines, ended when its owner is dropped.
