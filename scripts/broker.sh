@@ -6,11 +6,13 @@
 #                                      binary; fallback: cargo install tansu); prints TANSU=path
 #   scripts/broker.sh install-s3       also a local S3 server (moto) for durable broker
 #                                      storage; prints TANSU=path and MOTO=path
-#   scripts/broker.sh run PORT [STORAGE]
+#   scripts/broker.sh run PORT [STORAGE [ADVERTISED_PORT]]
 #                                      exec the broker on 127.0.0.1:PORT; STORAGE defaults
 #                                      to memory://tansu/ (lost on restart); s3://BUCKET/
 #                                      keeps topics across restarts (needs the AWS_* variables
-#                                      of `s3` below)
+#                                      of `s3` below); ADVERTISED_PORT (default PORT) is the
+#                                      port clients are told to connect to, for a relay in
+#                                      front of the broker
 #   scripts/broker.sh s3 PORT          exec a local S3 server on 127.0.0.1:PORT; for the
 #                                      broker: AWS_ENDPOINT=http://127.0.0.1:PORT AWS_ALLOW_HTTP=true
 #                                      AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
@@ -95,12 +97,13 @@ case "$cmd" in
     echo "MOTO=$venv/bin/moto_server"
     ;;
   run)
-    port="${2:?usage: broker.sh run PORT [STORAGE]}"
+    port="${2:?usage: broker.sh run PORT [STORAGE [ADVERTISED_PORT]]}"
     storage="${3:-memory://tansu/}"
+    advertised="${4:-$port}"
     locked install_tansu
     exec "$tansu_link" broker \
       --listener-url "tcp://127.0.0.1:$port" \
-      --advertised-listener-url "tcp://127.0.0.1:$port" \
+      --advertised-listener-url "tcp://127.0.0.1:$advertised" \
       --storage-engine "$storage"
     ;;
   s3)
@@ -112,7 +115,7 @@ case "$cmd" in
     rm -rf "$venv" "$tools/bin" "$tools/cargo" "$tools/.install.lock"
     ;;
   *)
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -16,13 +16,12 @@ mod broker;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{create_topics, metrics_page, output_within, produce, produce_with, read_topic, serve_command};
+use common::{create_topics, free_port, metrics_page, output_within, produce, produce_with, read_topic, serve_command};
 use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 
@@ -255,11 +254,6 @@ fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_g
 
     let ids: BTreeSet<i64> = predicted_ids(&address, 60).into_iter().collect();
     assert_eq!(ids, (0..60).collect(), "{ids:?}");
-}
-
-/// A port that was free on 127.0.0.1 a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// The count on the metrics page's `dualgp_predictions_out_total` line.

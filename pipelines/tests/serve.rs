@@ -16,7 +16,6 @@ mod parquet_files;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc::{channel, Receiver};
@@ -26,7 +25,8 @@ use arrow::array::{Array, Int64Array, UInt64Array};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
 use common::{
-    create_topics, dualgp, exit_within, metrics_page, output_within, produce, read_topic, serve_command, terminate,
+    create_topics, dualgp, exit_within, free_port, metrics_page, output_within, produce, read_topic, serve_command,
+    terminate,
 };
 use dualgp_connectors::{shared_data, Table};
 use parquet_files::{f64s, read_parquet};
@@ -37,11 +37,6 @@ fn create_input(address: &str) {
     // Made here, not by the first send of one of several workers' producers,
     // so that the tests' readers know their partitions.
     create_topics(address, 1, &["out", "in.dlq"]);
-}
-
-/// A port that was free on 127.0.0.1 a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// banana's rows as `serve` input messages: `(id, JSON)`.

@@ -77,6 +77,8 @@ fn spawn(args: &[&str], env: &[(String, String)], log: &Path) -> Process {
 pub struct Broker {
     process: Option<Process>,
     pub port: u16,
+    /// The port clients are told to connect to: `port`, or a relay's.
+    advertised: u16,
     storage: String,
     env: Vec<(String, String)>,
     log: PathBuf,
@@ -88,7 +90,15 @@ impl Broker {
     /// Topics in memory: gone when the broker stops.
     pub fn start() -> Broker {
         install("install");
-        Broker::launch("memory://tansu/".into(), Vec::new(), None)
+        Broker::launch("memory://tansu/".into(), Vec::new(), None, None)
+    }
+
+    /// Topics in memory, clients told to connect to 127.0.0.1:`advertised`
+    /// (a relay in front of the broker) whatever port they first reached.
+    #[allow(dead_code)] // for the tests that put a relay in front of the broker
+    pub fn start_advertising(advertised: u16) -> Broker {
+        install("install");
+        Broker::launch("memory://tansu/".into(), Vec::new(), None, Some(advertised))
     }
 
     /// Topics in a local S3 server (moto) that outlives broker restarts.
@@ -102,14 +112,16 @@ impl Broker {
             ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
             ("AWS_DEFAULT_REGION".into(), "us-east-1".into()),
         ];
-        Broker::launch("s3://tansu/".into(), env, Some(s3))
+        Broker::launch("s3://tansu/".into(), env, Some(s3), None)
     }
 
-    fn launch(storage: String, env: Vec<(String, String)>, s3: Option<S3>) -> Broker {
+    fn launch(storage: String, env: Vec<(String, String)>, s3: Option<S3>, advertised: Option<u16>) -> Broker {
         let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
         let mut broker = Broker {
             process: None,
-            port: free_port(),
+            port,
+            advertised: advertised.unwrap_or(port),
             storage,
             env,
             log: dir.path().join("broker.log"),
@@ -138,8 +150,8 @@ impl Broker {
     /// Start (again) on the same port with the same storage.
     pub fn restart(&mut self) {
         self.stop();
-        let port = self.port.to_string();
-        self.process = Some(spawn(&["run", &port, &self.storage], &self.env, &self.log));
+        let (port, advertised) = (self.port.to_string(), self.advertised.to_string());
+        self.process = Some(spawn(&["run", &port, &self.storage, &advertised], &self.env, &self.log));
         wait_for_port(self.port, "the broker", &self.log);
     }
 }

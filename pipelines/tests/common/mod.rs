@@ -218,6 +218,15 @@ pub fn newest_checkpoint(
         .expect("a checkpoint")
 }
 
+/// A port that was free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The Prometheus page `serve --metrics-port PORT` serves, if it can be read.
 pub fn metrics_page(port: u16) -> Option<String> {
     use std::io::{Read, Write};
