@@ -23,5 +23,5 @@ pub mod saved_model;
 pub mod serve;
 pub mod suggest;
 pub mod toys;
-pub mod wording;
 mod wiring;
+pub mod wording;
