@@ -21,20 +21,11 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{create_topics, free_port, metrics_page, output_within, produce, produce_with, read_topic, serve_command};
+use common::{
+    create_topics, free_port, labelled_records, metric, output_within, produce, produce_with, read_topic, serve_command,
+};
 use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
-
-/// Labelled records `y = sin(3·x0) + x1` with ids `ids`, as `(key, JSON)`.
-fn records(ids: std::ops::Range<i64>) -> Vec<(String, String)> {
-    ids.map(|id| {
-        let x0 = (id * 37 % 101) as f64 / 50.0 - 1.0;
-        let x1 = (id * 61 % 97) as f64 / 48.0 - 1.0;
-        let y = (3.0 * x0).sin() + x1;
-        (id.to_string(), format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{y}}}"#))
-    })
-    .collect()
-}
 
 /// `dualgp serve` of `in` to `out` (gaussian, m = 10, epochs ending after
 /// 300 ms), checkpointing into `checkpoints`, with `flags`.
@@ -134,12 +125,12 @@ fn a_dead_letter_that_cannot_be_sent_stops_serve_and_a_restart_sends_it() {
     let broker = Broker::start();
     let address = broker.address();
     create_topics(&address, 1, &["in", "out", "in.dlq"]);
-    let mut messages = records(0..30);
+    let mut messages = labelled_records(0..30);
     let bad_offset = messages.len() as i64;
     // x0 is text: a wrong_type dead letter of some 1600 bytes.
     let bad = format!(r#"{{"id":1000,"x0":"{}","x1":0.5,"y":1}}"#, "a".repeat(1500));
     messages.push(("1000".into(), bad));
-    messages.extend(records(30..60));
+    messages.extend(labelled_records(30..60));
     produce(&address, "in", &messages, 1);
     let checkpoints = tempfile::tempdir().unwrap();
 
@@ -193,7 +184,7 @@ fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_g
     let checkpoints = tempfile::tempdir().unwrap();
 
     // The default limit.
-    let mut messages = records(0..20);
+    let mut messages = labelled_records(0..20);
     let oversized = format!(r#"{{"id":2000,"x0":1,"x1":2,"pad":"{}"}}"#, "a".repeat(1536 * 1024));
     let deep = format!(
         r#"{{"id":2001,"x0":{}1{},"x1":2}}"#,
@@ -203,7 +194,7 @@ fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_g
     let (oversized_at, deep_at) = (messages.len() as i64, messages.len() as i64 + 1);
     messages.push(("2000".into(), oversized.clone()));
     messages.push(("2001".into(), deep));
-    messages.extend(records(20..40));
+    messages.extend(labelled_records(20..40));
     produce_with(&address, "in", &messages, 1, &big_producer);
     let out = serve(&address, checkpoints.path(), &[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -223,7 +214,7 @@ fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_g
     let fields: Vec<String> = (0..150_000).map(|i| format!(r#""x{i}":1"#)).collect();
     let wide = format!(r#"{{"id":2002,{}}}"#, fields.join(","));
     let mut messages = vec![("2002".to_string(), wide)];
-    messages.extend(records(40..50));
+    messages.extend(labelled_records(40..50));
     let wide_at = deep_at + 21;
     produce_with(&address, "in", &messages, 1, &big_producer);
     let out = serve(&address, checkpoints.path(), &["--max-record-bytes", "4000000"]);
@@ -242,7 +233,7 @@ fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_g
         "2003".to_string(),
         format!(r#"{{"id":2003,"x0":1,"x1":2,"pad":"{}"}}"#, "a".repeat(6000)),
     )];
-    messages.extend(records(50..60));
+    messages.extend(labelled_records(50..60));
     let small_at = wide_at + 11;
     produce(&address, "in", &messages, 1);
     let out = serve(&address, checkpoints.path(), &["--max-record-bytes", "5000"]);
@@ -254,13 +245,6 @@ fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_g
 
     let ids: BTreeSet<i64> = predicted_ids(&address, 60).into_iter().collect();
     assert_eq!(ids, (0..60).collect(), "{ids:?}");
-}
-
-/// The count on the metrics page's `dualgp_predictions_out_total` line.
-fn predictions_out(port: u16) -> Option<u64> {
-    let page = metrics_page(port)?;
-    let line = page.lines().find(|l| l.starts_with("dualgp_predictions_out_total "))?;
-    line.rsplit(' ').next()?.parse().ok()
 }
 
 /// Output is at least once: a restart scores again the records read after
@@ -279,7 +263,7 @@ fn a_sigkill_re_emits_at_most_two_epochs_in_flight_of_predictions_per_worker() {
     let address = broker.address();
     create_topics(&address, WORKERS as i32, &["in"]);
     create_topics(&address, 1, &["out", "in.dlq"]);
-    produce(&address, "in", &records(0..RECORDS), WORKERS as i32);
+    produce(&address, "in", &labelled_records(0..RECORDS), WORKERS as i32);
     let checkpoints = tempfile::tempdir().unwrap();
     let (batch, in_flight, workers, port) = (
         BATCH.to_string(),
@@ -314,7 +298,7 @@ fn a_sigkill_re_emits_at_most_two_epochs_in_flight_of_predictions_per_worker() {
             first.try_wait().unwrap().is_none(),
             "serve stopped before it was killed"
         );
-        sent = predictions_out(port).unwrap_or(0);
+        sent = metric(port, "dualgp_predictions_out_total").unwrap_or(0);
         std::thread::sleep(Duration::from_millis(20));
     }
     first.kill().unwrap(); // SIGKILL
@@ -348,7 +332,7 @@ fn what_the_broker_does_with_transactions() {
     let broker = Broker::start();
     let address = broker.address();
     create_topics(&address, 1, &["in", "out"]);
-    produce(&address, "in", &records(0..10), 1);
+    produce(&address, "in", &labelled_records(0..10), 1);
     let timeout = Duration::from_secs(20);
     let producer: BaseProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &address)
@@ -478,8 +462,8 @@ fn a_batch_the_broker_stored_after_a_later_one_is_read_by_serve_and_by_the_tests
     let broker = Broker::start_durable();
     let (address, s3) = (broker.address(), broker.s3_port().unwrap());
     create_topics(&address, 1, &["in", "out", "in.dlq"]);
-    produce(&address, "in", &records(0..3), 1);
-    produce(&address, "in", &records(3..5), 1);
+    produce(&address, "in", &labelled_records(0..3), 1);
+    produce(&address, "in", &labelled_records(3..5), 1);
     let batches = s3_objects(s3, "clusters/tansu_cluster/topics/in/partitions/0000000000/records/");
     assert_eq!(batches.len(), 2, "{batches:?}");
     let (first, second) = (&batches[0].0, &batches[1].0);

@@ -20,7 +20,10 @@ use std::thread::{sleep, spawn};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
-use common::{create_topics, exit_within, free_port, metrics_page, produce, read_topic, serve_command, terminate};
+use common::{
+    create_topics, exit_within, free_port, labelled_records, metric, metrics_page, produce, read_topic, serve_command,
+    terminate,
+};
 
 /// How the relay treats the bytes it carries.
 #[derive(Clone, Copy)]
@@ -113,30 +116,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, pace: &Mutex<Pace>, stop: &Atomi
     let _ = to.shutdown(Shutdown::Write);
 }
 
-/// Labelled records `y = sin(3·x0) + x1` with ids `ids`, as `(key, JSON)`.
-fn records(ids: std::ops::Range<i64>) -> Vec<(String, String)> {
-    ids.map(|id| {
-        let x0 = (id * 37 % 101) as f64 / 50.0 - 1.0;
-        let x1 = (id * 61 % 97) as f64 / 48.0 - 1.0;
-        let y = (3.0 * x0).sin() + x1;
-        (id.to_string(), format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{y}}}"#))
-    })
-    .collect()
-}
-
-/// The count on the metrics page's line `name VALUE`.
-fn counter(port: u16, name: &str) -> Option<u64> {
-    let page = metrics_page(port)?;
-    let line = page
-        .lines()
-        .find(|l| l.strip_prefix(name).is_some_and(|v| v.starts_with(' ')))?;
-    line.rsplit(' ').next()?.parse().ok()
-}
-
 /// Waits (at most `limit`) until serve has sent `n` predictions.
 fn await_predictions(port: u16, n: u64, limit: Duration) {
     let deadline = Instant::now() + limit;
-    while counter(port, "dualgp_predictions_out_total").unwrap_or(0) < n {
+    while metric(port, "dualgp_predictions_out_total").unwrap_or(0) < n {
         assert!(
             Instant::now() < deadline,
             "serve did not send {n} predictions within {limit:?}"
@@ -166,12 +149,12 @@ fn a_broker_slow_then_still_for_longer_than_an_epoch_loses_and_doubles_nothing()
         .spawn()
         .expect("the dualgp binary runs");
     let (first, second, third) = (0..200, 200..400, 400..RECORDS);
-    produce(&address, "in", &records(first), 2);
+    produce(&address, "in", &labelled_records(first), 2);
     await_predictions(metrics, 200, Duration::from_secs(60));
 
     // Slow: every chunk each way 400 ms late, for 3 s.
     relay.set(Pace::Delayed(Duration::from_millis(400)));
-    produce(&address, "in", &records(second), 2);
+    produce(&address, "in", &labelled_records(second), 2);
     sleep(Duration::from_secs(3));
     // Still: nothing passes for 5 s, while records wait to be read.
     relay.set(Pace::Held);
@@ -181,10 +164,10 @@ fn a_broker_slow_then_still_for_longer_than_an_epoch_loses_and_doubles_nothing()
         "serve exited while the broker was still"
     );
     relay.set(Pace::Open);
-    produce(&address, "in", &records(third), 2);
+    produce(&address, "in", &labelled_records(third), 2);
     await_predictions(metrics, RECORDS as u64, Duration::from_secs(60));
 
-    assert_eq!(counter(metrics, "dualgp_records_in_total"), Some(RECORDS as u64));
+    assert_eq!(metric(metrics, "dualgp_records_in_total"), Some(RECORDS as u64));
     let page = metrics_page(metrics).unwrap();
     assert!(
         !page.contains("\ndualgp_dead_letters_total"),

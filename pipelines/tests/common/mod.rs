@@ -218,6 +218,17 @@ pub fn newest_checkpoint(
         .expect("a checkpoint")
 }
 
+/// Labelled records `y = sin(3·x0) + x1` with ids `ids`, as `(key, JSON)`.
+pub fn labelled_records(ids: std::ops::Range<i64>) -> Vec<(String, String)> {
+    ids.map(|id| {
+        let x0 = (id * 37 % 101) as f64 / 50.0 - 1.0;
+        let x1 = (id * 61 % 97) as f64 / 48.0 - 1.0;
+        let y = (3.0 * x0).sin() + x1;
+        (id.to_string(), format!(r#"{{"id":{id},"x0":{x0},"x1":{x1},"y":{y}}}"#))
+    })
+    .collect()
+}
+
 /// A port that was free on 127.0.0.1 a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -240,6 +251,15 @@ pub fn metrics_page(port: u16) -> Option<String> {
     let mut page = String::new();
     stream.read_to_string(&mut page).ok()?;
     Some(page)
+}
+
+/// The value on the line `name VALUE` of serve's metrics page at `port`.
+pub fn metric(port: u16, name: &str) -> Option<u64> {
+    let page = metrics_page(port)?;
+    let line = page
+        .lines()
+        .find(|l| l.strip_prefix(name).is_some_and(|v| v.starts_with(' ')))?;
+    line.rsplit(' ').next()?.parse().ok()
 }
 
 /// Waits (at most `limit`) for `child` to exit; kills it past that.
