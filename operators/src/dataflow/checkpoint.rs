@@ -118,7 +118,11 @@ impl CheckpointStore {
             fs::rename(&temp, &path)?;
             fs::File::open(&self.dir)?.sync_all()
         };
-        write().map_err(|source| io(&path, source))?;
+        if let Err(source) = write() {
+            // A full disk keeps the partial write's blocks: give them back.
+            let _ = fs::remove_file(&temp);
+            return Err(io(&path, source));
+        }
         for old in self.epochs()?.into_iter().rev().skip(self.keep) {
             let _ = fs::remove_file(self.path_of(old));
         }

@@ -77,7 +77,9 @@ pub(crate) fn track_commits<'scope>(
                                 c.checkpointed = c.checkpointed.max(Some(epoch));
                                 saved_epochs.insert(epoch);
                             }
-                            Err(why) => drop(c.error.get_or_insert(format!("cannot checkpoint: {why}"))),
+                            Err(why) => drop(c.error.get_or_insert(format!(
+                                "cannot checkpoint: {why}; nothing after the last checkpoint is committed, so a restart resumes from it"
+                            ))),
                         }
                     }
                 });
