@@ -32,6 +32,7 @@ use common::{create_topics, hostfile, newest_checkpoint, produce, read_topic_wit
 use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Predictive, StreamingLearner};
+use dualgp_pipelines::serve::EPOCHS_IN_FLIGHT;
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -221,7 +222,7 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
         &work.path().join("calm.log"),
     );
 
-    let end = end_of_soak(&address, "soak-out", (&soak_dir, &calm_dir), records);
+    let end = end_of_soak(&address, "soak-out", (&soak_dir, &calm_dir), records, killed as usize);
 
     let mut figures = serde_json::json!({
         "kills": killed,
@@ -237,19 +238,29 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
     assert!(killed >= kills || finished_early, "{figures}");
 }
 
-/// The checks at the end of a soak, every record scored on `out` and the
-/// model the uninterrupted run's (`(soak_dir, calm_dir)`): the figures they give.
+/// The checks at the end of a soak, every record scored on `out`, no more
+/// scored again than docs/OPERATIONS.md's bound for `restarts` restarts of
+/// a one-worker process, and the model the uninterrupted run's
+/// (`(soak_dir, calm_dir)`): the figures they give.
 fn end_of_soak(
     address: &str,
     out: &str,
     (soak_dir, calm_dir): (&Path, &Path),
     records: usize,
+    restarts: usize,
 ) -> serde_json::Map<String, serde_json::Value> {
     let (predictions, duplicates) = every_record_scored(address, out, records);
+    // At most 2 x --epochs-in-flight x --batch-size per worker and restart.
+    let bound = restarts * 2 * EPOCHS_IN_FLIGHT as usize * BATCH;
+    assert!(
+        duplicates <= bound,
+        "{duplicates} predictions scored again over {restarts} restarts, more than {bound}"
+    );
     let files = same_model_as_uninterrupted(soak_dir, calm_dir, records);
     let figures = serde_json::json!({
         "predictions": predictions,
         "predictions_repeated_after_restarts": duplicates,
+        "bound_on_repeats": bound,
         "checkpoint_files_at_the_end": files,
     });
     figures.as_object().cloned().unwrap_or_default()
@@ -476,7 +487,13 @@ fn a_two_process_serve_cluster_with_either_process_killed_again_and_again_learns
     let peer_exits = pair.peer_exits;
     drop(pair);
 
-    let end = end_of_soak(&address, "soak2-out", (&soak_dir, &calm_dir), records);
+    let end = end_of_soak(
+        &address,
+        "soak2-out",
+        (&soak_dir, &calm_dir),
+        records,
+        killed as usize + peer_exits,
+    );
     let mut figures = serde_json::json!({
         "processes": 2,
         "kills": killed,
