@@ -14,13 +14,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use broker::Broker;
 use common::{
     create_topics, dualgp, free_port, labelled_records, metric, output_within, produce, read_topic, serve_command,
+    SpawnPiped,
 };
 
 /// A file system mounted for one test, unmounted when dropped.
@@ -44,10 +45,19 @@ fn mount(args: &[&str], at: &Path) {
     assert!(status.success(), "mount {args:?} {} failed", at.display());
 }
 
-/// Mounting needs root; elsewhere these tests say so and pass.
-fn is_root() -> bool {
-    let out = Command::new("id").arg("-u").output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim() == "0"
+/// An empty `checkpoints` directory to mount on, in a fresh temporary
+/// one; `None` where mounting would need root (these tests then say so and
+/// pass).
+fn mount_point(mount: &str) -> Option<(tempfile::TempDir, PathBuf)> {
+    let id = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&id.stdout).trim() != "0" {
+        eprintln!("skipped: {mount} needs root");
+        return None;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("checkpoints");
+    std::fs::create_dir(&dir).unwrap();
+    Some((base, dir))
 }
 
 /// Serve on one worker, epochs of 50 records, checkpointing into `dir`.
@@ -57,10 +67,7 @@ fn spawn_serve(address: &str, dir: &Path, flags: &[&str]) -> Child {
         .args(["--batch-size", "50", "--batch-timeout-ms", "300"])
         .args(["--checkpoint-dir", dir.to_str().unwrap()])
         .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs")
+        .spawn_piped()
 }
 
 fn checkpoints_in(dir: &Path) -> Vec<String> {
@@ -140,13 +147,9 @@ fn serve_through_a_broken_checkpoint_dir(dir: &Path, break_dir: impl FnOnce(), w
 
 #[test]
 fn a_full_checkpoint_directory_stops_serve_with_one_line_and_a_restart_resumes() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    let Some((_base, dir)) = mount_point("a small tmpfs") else {
         return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let dir = base.path().join("checkpoints");
-    std::fs::create_dir(&dir).unwrap();
+    };
     let _tmpfs = Mount::new(&["-t", "tmpfs", "-o", "size=4m", "tmpfs"], &dir);
     let filler = dir.join("filler");
     let fill = || {
@@ -162,14 +165,11 @@ fn a_full_checkpoint_directory_stops_serve_with_one_line_and_a_restart_resumes()
 
 #[test]
 fn a_read_only_checkpoint_directory_stops_serve_with_one_line_and_a_restart_resumes() {
-    if !is_root() {
-        eprintln!("skipped: a read-only bind mount needs root");
+    let Some((base, dir)) = mount_point("a read-only bind mount") else {
         return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let (source, dir) = (base.path().join("source"), base.path().join("checkpoints"));
+    };
+    let source = base.path().join("source");
     std::fs::create_dir(&source).unwrap();
-    std::fs::create_dir(&dir).unwrap();
     let _bind = Mount::new(&["--bind", source.to_str().unwrap()], &dir);
     let read_only = || mount(&["-o", "remount,ro,bind"], &dir);
     let writable = || mount(&["-o", "remount,rw,bind"], &dir);

@@ -17,12 +17,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
 use broker::Broker;
 use common::{
-    create_topics, free_port, labelled_records, metric, output_within, produce, produce_with, read_topic, serve_command,
+    create_topics, free_port, labelled_records, metric, output_within, produce, produce_with, read_topic,
+    serve_command, SpawnPiped,
 };
 use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
@@ -41,10 +42,7 @@ fn spawn_serve(address: &str, checkpoints: &Path, flags: &[&str]) -> Child {
         ])
         .args(["--checkpoint-dir", checkpoints.to_str().unwrap()])
         .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs")
+        .spawn_piped()
 }
 
 /// [`spawn_serve`] with `flags`, to its end (at most two minutes).

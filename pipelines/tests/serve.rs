@@ -17,7 +17,7 @@ mod parquet_files;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use arrow::record_batch::RecordBatch;
 use broker::Broker;
 use common::{
     create_topics, dualgp, exit_within, free_port, metrics_page, output_within, produce, read_topic, serve_command,
-    terminate,
+    terminate, SpawnPiped,
 };
 use dualgp_connectors::{shared_data, Table};
 use parquet_files::{f64s, read_parquet};
@@ -78,10 +78,7 @@ fn spawn_serve(address: &str, checkpoints: &Path, extra: &[&str]) -> Child {
         .args(m)
         .args(["--checkpoint-dir", checkpoints.to_str().unwrap()])
         .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs")
+        .spawn_piped()
 }
 
 /// The metrics page's counts once the first run has read everything.
@@ -301,10 +298,7 @@ fn a_missing_topic_is_said_within_a_second_with_the_metrics_up_and_ends_in_one_c
     let mut child = serve_command(&address, "absent", "out")
         .args(["--likelihood", "gaussian", "--broker-timeout", "4"])
         .args(["--metrics-port", &port.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs");
+        .spawn_piped();
     let lines = stderr_lines(&mut child);
     let (at, first) = lines
         .recv_timeout(Duration::from_secs(10))
@@ -343,10 +337,7 @@ fn create_topics_creates_the_input_and_serve_says_what_it_does() {
         .args(["--likelihood", "gaussian", "--workers", "2", "--create-topics"])
         .args(["--idle-exit", "2", "--progress", "0.5"])
         .args(["--checkpoint-dir", checkpoints.path().to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs");
+        .spawn_piped();
     let (stderr, stdout) = finished_within(&mut child, Duration::from_secs(60));
     assert!(
         stderr[0].contains("created topic `fresh` of 2 partitions"),

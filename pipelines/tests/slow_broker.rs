@@ -13,7 +13,6 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{sleep, spawn};
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 use broker::Broker;
 use common::{
     create_topics, exit_within, free_port, labelled_records, metric, metrics_page, produce, read_topic, serve_command,
-    terminate,
+    terminate, SpawnPiped,
 };
 
 /// How the relay treats the bytes it carries.
@@ -144,10 +143,7 @@ fn a_broker_slow_then_still_for_longer_than_an_epoch_loses_and_doubles_nothing()
         .args(["--likelihood", "gaussian", "--inducing", "10", "--workers", "2"])
         .args(["--batch-size", "50", "--batch-timeout-ms", "300"])
         .args(["--metrics-port", &metrics.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the dualgp binary runs");
+        .spawn_piped();
     let (first, second, third) = (0..200, 200..400, 400..RECORDS);
     produce(&address, "in", &labelled_records(first), 2);
     await_predictions(metrics, 200, Duration::from_secs(60));

@@ -229,6 +229,21 @@ pub fn labelled_records(ids: std::ops::Range<i64>) -> Vec<(String, String)> {
     .collect()
 }
 
+/// Starting the `dualgp` binary with its standard output and error piped.
+pub trait SpawnPiped {
+    fn spawn_piped(&mut self) -> std::process::Child;
+}
+
+impl SpawnPiped for Command {
+    fn spawn_piped(&mut self) -> std::process::Child {
+        use std::process::Stdio;
+        self.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the dualgp binary runs")
+    }
+}
+
 /// A port that was free on 127.0.0.1 a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
