@@ -293,6 +293,17 @@ pub fn run(job: &Job, stop: Arc<AtomicBool>) -> Result<String> {
 mod tests {
     use super::*;
 
+    /// The job of a pipeline file holding `toml`, no flags given.
+    fn job_of(toml: &str) -> Job {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, toml).unwrap();
+        let config = PipelineConfig::read(&path).unwrap();
+        config
+            .job(None, &ClusterArgs::default(), &ModelArgs::default())
+            .unwrap()
+    }
+
     #[test]
     fn the_documented_pipeline_file_reads_and_flags_override_it() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/pipeline.toml");
@@ -312,16 +323,9 @@ mod tests {
     /// latents and whether every output is predicted.
     #[test]
     fn a_multi_output_pipeline_file_passes_its_outputs_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.toml");
         let parquet = "likelihood = \"gaussian,bernoulli\"\nlatents = 2\npredict_all_outputs = true\n\
                        [source.parquet]\npath = \"a\"\n[sinks]\npredictions = \"p.parquet\"\n";
-        std::fs::write(&path, parquet).unwrap();
-        let config = PipelineConfig::read(&path).unwrap();
-        let Job::Replay(args) = config
-            .job(None, &ClusterArgs::default(), &ModelArgs::default())
-            .unwrap()
-        else {
+        let Job::Replay(args) = job_of(parquet) else {
             panic!("a Parquet source is a replay");
         };
         assert_eq!(
@@ -334,12 +338,7 @@ mod tests {
         );
         let kafka = "likelihood = \"gaussian,bernoulli\"\n[source.kafka]\nbrokers = \"b\"\ntopic = \"in\"\n\
                      [sinks]\ntopic = \"out\"\n";
-        std::fs::write(&path, kafka).unwrap();
-        let config = PipelineConfig::read(&path).unwrap();
-        let Job::Serve(args) = config
-            .job(None, &ClusterArgs::default(), &ModelArgs::default())
-            .unwrap()
-        else {
+        let Job::Serve(args) = job_of(kafka) else {
             panic!("a Kafka source is a serve");
         };
         assert_eq!((args.likelihood.latents, args.predict_all_outputs), (None, false));

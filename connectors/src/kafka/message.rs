@@ -182,14 +182,7 @@ impl MessageDecoder {
                 value: n.to_string(),
                 outputs: self.mapping.outputs,
             }),
-            other => Err(Reason::WrongType {
-                field: name.clone(),
-                expected: "an integer output index".into(),
-                found: match other {
-                    Value::Number(n) => format!("{n}"),
-                    v => type_name(v).into(),
-                },
-            }),
+            other => Err(not_an_integer(name, "an integer output index", other)),
         }
     }
 
@@ -333,6 +326,19 @@ impl MessageDecoder {
     }
 }
 
+/// A field that should have held an integer and holds `found` (a number
+/// shown as written, anything else by its type).
+fn not_an_integer(field: &str, expected: &str, found: &Value) -> Reason {
+    Reason::WrongType {
+        field: field.into(),
+        expected: expected.into(),
+        found: match found {
+            Value::Number(n) => n.to_string(),
+            v => type_name(v).into(),
+        },
+    }
+}
+
 fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -371,14 +377,7 @@ fn integer(obj: &Map<String, Value>, name: &str) -> Result<i64, Reason> {
     match field(obj, name)? {
         Value::Number(n) if n.is_i64() => Ok(n.as_i64().unwrap_or_default()),
         Value::Number(n) if n.is_u64() => Err(Reason::IdOutOfRange { value: n.to_string() }),
-        other => Err(Reason::WrongType {
-            field: name.into(),
-            expected: "an integer".into(),
-            found: match other {
-                Value::Number(n) => format!("{n}"),
-                v => type_name(v).into(),
-            },
-        }),
+        other => Err(not_an_integer(name, "an integer", other)),
     }
 }
 
