@@ -29,8 +29,15 @@ impl WorkerShare {
         unit % self.peers == self.index
     }
 
-    pub(crate) fn is_valid(&self) -> bool {
-        self.peers > 0 && self.index < self.peers
+    /// Why this share names no worker, if it does not.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match self.peers > 0 && self.index < self.peers {
+            true => Ok(()),
+            false => Err(format!(
+                "worker {} of {}: the index must be below the number of workers",
+                self.index, self.peers
+            )),
+        }
     }
 }
 

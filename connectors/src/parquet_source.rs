@@ -641,12 +641,7 @@ fn read_error(path: &Path, csv: bool, index: usize, detail: String) -> SourceErr
 }
 
 fn check_config(config: &ParquetSourceConfig, share: WorkerShare) -> Result<(), SourceError> {
-    if !share.is_valid() {
-        return Err(SourceError::Config(format!(
-            "worker {} of {}: the index must be below the number of workers",
-            share.index, share.peers
-        )));
-    }
+    share.check().map_err(SourceError::Config)?;
     if config.batch_rows == 0 {
         return Err(SourceError::Config("batch_rows must be at least 1".into()));
     }

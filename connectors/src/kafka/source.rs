@@ -482,12 +482,7 @@ fn check(config: &KafkaSourceConfig, share: WorkerShare, resume: Option<&KafkaPo
     if config.topic.is_empty() {
         return Err(KafkaError::Config("no input topic given".into()));
     }
-    if !share.is_valid() {
-        return Err(KafkaError::Config(format!(
-            "worker {} of {}: the index must be below the number of workers",
-            share.index, share.peers
-        )));
-    }
+    share.check().map_err(KafkaError::Config)?;
     if config.max_record_bytes == 0 {
         return Err(KafkaError::Config("max_record_bytes must be above 0".into()));
     }
