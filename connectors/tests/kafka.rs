@@ -191,7 +191,7 @@ fn every_record_comes_out_once_and_malformed_ones_go_to_the_dlq() {
     // Dead letters to in.dlq, with their reasons.
     let dlq = DeadLetterProducer::new(&conn, "in").unwrap();
     assert_eq!(dlq.topic(), "in.dlq");
-    dlq.send(&dead).unwrap();
+    dlq.send(&dead, 0).unwrap();
     dlq.flush().unwrap();
     let messages = read_topic(&conn, "in.dlq", 6);
     assert_eq!(messages.len(), 6);

@@ -45,6 +45,12 @@ pub(crate) trait Ends {
     /// How long a worker parks before it settles again (`None`: until there is news).
     const PARK: Option<Duration>;
 
+    /// How long to park now: [`PARK`](Self::PARK) unless what the ends
+    /// wait for wakes nobody.
+    fn park(&self) -> Option<Duration> {
+        Self::PARK
+    }
+
     /// Connects the learner's streams to the sinks; an epoch passes `probe`
     /// once the sinks have taken all of it.
     fn wire<'scope>(&mut self, scope: Scope<'scope, u64>, gp: GpStreams<'scope>, probe: &ProbeHandle<u64>);
@@ -82,7 +88,7 @@ pub(crate) fn run_worker<E: Ends>(worker: &mut Worker, start: &Start, ends: &mut
     while let Some(epoch) = ends.read(worker, &mut records) {
         records.advance_to(epoch + 1);
         while probe.less_than(&(epoch + 1).saturating_sub(start.epochs_in_flight)) && !ends.stopping() {
-            worker.step_or_park(E::PARK);
+            worker.step_or_park(ends.park());
             ends.settle(&probe, false);
         }
         // One more step: the epoch starts on its way before the next read,
@@ -92,7 +98,7 @@ pub(crate) fn run_worker<E: Ends>(worker: &mut Worker, start: &Start, ends: &mut
     }
     drop(records);
     ends.close(worker, &probe);
-    while worker.step_or_park(E::PARK) {
+    while worker.step_or_park(ends.park()) {
         ends.settle(&probe, true);
     }
     ends.settle(&probe, true);

@@ -1,10 +1,13 @@
-//! Predictions and dead letters to Kafka topics, with delivery checked on flush.
+//! Predictions and dead letters to Kafka topics, each message counted
+//! against its epoch until the broker acknowledges it, so a caller can ask
+//! whether an epoch is delivered without waiting (or flush and wait).
 //!
 //! Output is at least once: after a crash, the epochs since the last
 //! checkpoint are scored and sent again. Predictions are keyed by record id,
 //! so a compacted topic (or a consumer keeping the last value per key)
 //! sees each id once.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread::sleep;
@@ -72,25 +75,55 @@ struct DeadLetterMessage<'a> {
     payload: &'a str,
 }
 
-/// Counts deliveries that failed, keeping the first reason.
+/// Counts deliveries that failed, keeping the first reason, and the
+/// messages of each epoch the broker has not acknowledged yet.
 #[derive(Default)]
 struct DeliveryReport {
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
+    unacknowledged: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl DeliveryReport {
+    fn sending(&self, epoch: u64) {
+        *self.unacknowledged_map().entry(epoch).or_default() += 1;
+    }
+
+    /// A message of `epoch` is acknowledged, failed, or was never queued.
+    fn settled(&self, epoch: u64) {
+        let mut waiting = self.unacknowledged_map();
+        if let Some(n) = waiting.get_mut(&epoch) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(&epoch);
+            }
+        }
+    }
+
+    /// Whether every message of the epochs before `epoch` is settled.
+    fn settled_before(&self, epoch: u64) -> bool {
+        self.unacknowledged_map().first_key_value().is_none_or(|(e, _)| *e >= epoch)
+    }
+
+    fn unacknowledged_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
+        self.unacknowledged.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl ClientContext for DeliveryReport {}
 
 impl ProducerContext for DeliveryReport {
-    type DeliveryOpaque = ();
+    /// The epoch the message belongs to.
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, epoch: usize) {
         if let Err((e, _)) = result {
             self.failed.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut first) = self.first_error.lock() {
                 first.get_or_insert_with(|| e.to_string());
             }
         }
+        self.settled(epoch as u64);
     }
 }
 
@@ -123,11 +156,23 @@ impl TopicProducer {
         })
     }
 
-    /// Queue one message; when the local queue is full, serve deliveries
-    /// until there is room (bounded by the timeout).
-    fn send(&self, key: &str, payload: &str) -> Result<(), KafkaError> {
+    /// Queue one message of `epoch`; when the local queue is full, serve
+    /// deliveries until there is room (bounded by the timeout).
+    fn send(&self, key: &str, payload: &str, epoch: u64) -> Result<(), KafkaError> {
+        let report = self.producer.context();
+        report.sending(epoch);
+        let sent = self.queue(key, payload, epoch);
+        if sent.is_err() {
+            report.settled(epoch);
+        }
+        sent
+    }
+
+    fn queue(&self, key: &str, payload: &str, epoch: u64) -> Result<(), KafkaError> {
         let deadline = Instant::now() + self.conn.timeout();
-        let mut record = BaseRecord::to(&self.topic).key(key).payload(payload);
+        let mut record = BaseRecord::with_opaque_to(&self.topic, epoch as usize)
+            .key(key)
+            .payload(payload);
         loop {
             match self.producer.send(record) {
                 Ok(()) => {
@@ -151,21 +196,20 @@ impl TopicProducer {
         }
     }
 
+    /// Without waiting: whether every message of the epochs before `epoch`
+    /// is delivered; an error says how many messages were not.
+    fn delivered_before(&self, epoch: u64) -> Result<bool, KafkaError> {
+        self.producer.poll(Duration::ZERO);
+        self.failures()?;
+        Ok(self.producer.context().settled_before(epoch))
+    }
+
     /// Wait until everything sent so far is delivered; an error says how
     /// many messages were not.
     fn flush(&self) -> Result<(), KafkaError> {
         // Deliveries time out after `timeout`; give them that long and a little more.
         let flushed = self.producer.flush(self.conn.timeout() + Duration::from_secs(2));
-        let report = self.producer.context();
-        let failed = report.failed.swap(0, Ordering::Relaxed);
-        let first = report.first_error.lock().ok().and_then(|mut f| f.take());
-        if failed > 0 {
-            return Err(KafkaError::Delivery {
-                topic: self.topic.clone(),
-                failed,
-                detail: first.unwrap_or_default(),
-            });
-        }
+        self.failures()?;
         flushed.map_err(|e| KafkaError::BrokerUnavailable {
             brokers: self.conn.brokers.clone(),
             waited: self.conn.timeout(),
@@ -175,6 +219,21 @@ impl TopicProducer {
                 self.topic
             ),
         })
+    }
+
+    /// The deliveries that failed since the last call, as an error.
+    fn failures(&self) -> Result<(), KafkaError> {
+        let report = self.producer.context();
+        let failed = report.failed.swap(0, Ordering::Relaxed);
+        let first = report.first_error.lock().ok().and_then(|mut f| f.take());
+        match failed {
+            0 => Ok(()),
+            _ => Err(KafkaError::Delivery {
+                topic: self.topic.clone(),
+                failed,
+                detail: first.unwrap_or_default(),
+            }),
+        }
     }
 }
 
@@ -191,12 +250,20 @@ impl PredictionProducer {
         })
     }
 
-    /// Queue predictions; call [`flush`](Self::flush) before checkpointing the epoch.
+    /// Queue predictions, each counted against its epoch; before
+    /// checkpointing an epoch, see [`delivered_before`](Self::delivered_before)
+    /// or [`flush`](Self::flush).
     pub fn send(&self, predictions: &[Prediction]) -> Result<(), KafkaError> {
         for p in predictions {
-            self.inner.send(&p.id.to_string(), &prediction_json(p))?;
+            self.inner.send(&p.id.to_string(), &prediction_json(p), p.epoch)?;
         }
         Ok(())
+    }
+
+    /// Without waiting: whether the broker acknowledged every prediction of
+    /// the epochs before `epoch`, or which failed.
+    pub fn delivered_before(&self, epoch: u64) -> Result<bool, KafkaError> {
+        self.inner.delivered_before(epoch)
     }
 
     /// Waits until the broker has every queued prediction, or says which failed.
@@ -220,7 +287,7 @@ impl MessageProducer {
 
     /// Queues one message (waiting, up to the timeout, while the queue is full).
     pub fn send(&self, key: &str, payload: &str) -> Result<(), KafkaError> {
-        self.inner.send(key, payload)
+        self.inner.send(key, payload, 0)
     }
 
     /// Waits until the broker has every queued message, or says how many it has not.
@@ -248,8 +315,9 @@ impl DeadLetterProducer {
         &self.inner.topic
     }
 
-    /// Queues dead letters; call [`flush`](Self::flush) before checkpointing the epoch.
-    pub fn send(&self, dead_letters: &[DeadLetter]) -> Result<(), KafkaError> {
+    /// Queues dead letters of `epoch`; before checkpointing the epoch, see
+    /// [`delivered_before`](Self::delivered_before) or [`flush`](Self::flush).
+    pub fn send(&self, dead_letters: &[DeadLetter], epoch: u64) -> Result<(), KafkaError> {
         for d in dead_letters {
             let message = DeadLetterMessage {
                 origin: &d.origin,
@@ -258,9 +326,15 @@ impl DeadLetterProducer {
                 payload: &d.payload,
             };
             let json = serde_json::to_string(&message).unwrap_or_default();
-            self.inner.send(&d.origin.to_string(), &json)?;
+            self.inner.send(&d.origin.to_string(), &json, epoch)?;
         }
         Ok(())
+    }
+
+    /// Without waiting: whether the broker acknowledged every dead letter of
+    /// the epochs before `epoch`, or which failed.
+    pub fn delivered_before(&self, epoch: u64) -> Result<bool, KafkaError> {
+        self.inner.delivered_before(epoch)
     }
 
     /// Waits until the broker has every queued dead letter, or says which failed.
@@ -272,6 +346,22 @@ impl DeadLetterProducer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_epoch_is_delivered_once_every_message_of_it_and_before_it_is_settled() {
+        let report = DeliveryReport::default();
+        assert!(report.settled_before(u64::MAX), "nothing sent, nothing awaited");
+        for epoch in [3, 3, 5] {
+            report.sending(epoch);
+        }
+        assert!(report.settled_before(3) && !report.settled_before(4));
+        report.settled(3);
+        assert!(!report.settled_before(4), "one message of epoch 3 is still out");
+        report.settled(3);
+        assert!(report.settled_before(5) && !report.settled_before(6));
+        report.settled(5);
+        assert!(report.settled_before(u64::MAX));
+    }
 
     #[test]
     fn predictions_follow_the_serve_contract() {

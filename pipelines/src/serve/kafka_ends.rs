@@ -133,6 +133,11 @@ impl KafkaEnds {
         }
     }
 
+    /// Every epoch before this one is handed to the producers by every worker.
+    fn finished(&self) -> u64 {
+        self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX)
+    }
+
     /// Keeps the first error; the next read halts the cluster.
     fn fail(&self, why: String) {
         self.failure.borrow_mut().get_or_insert(why);
@@ -175,6 +180,15 @@ impl KafkaEnds {
 impl Ends for KafkaEnds {
     const PARK: Option<Duration> = Some(Duration::from_millis(50));
 
+    /// The broker's acknowledgements come in only when asked for: while a
+    /// finished epoch waits for them, look often.
+    fn park(&self) -> Option<Duration> {
+        match self.finished() > self.delivered && self.positions.is_open() {
+            true => Some(Duration::from_millis(2)),
+            false => Self::PARK,
+        }
+    }
+
     fn wire<'scope>(&mut self, scope: Scope<'scope, u64>, gp: GpStreams<'scope>, probe: &ProbeHandle<u64>) {
         self.signals.wire(scope);
         let (m1, m2, m3) = (
@@ -214,14 +228,11 @@ impl Ends for KafkaEnds {
         gp.rejected
             .inspect_core(move |event| {
                 let Ok((epoch, batch)) = event else { return };
+                let epoch = epoch.least().copied().unwrap_or_default();
                 let letters: Vec<DeadLetter> = batch.iter().map(DeadLetter::refused).collect();
-                if let Err(e) = d1.send(&letters) {
+                if let Err(e) = d1.send(&letters, epoch) {
                     u2.set(true);
-                    f2.borrow_mut().get_or_insert(undelivered(
-                        "dead letters",
-                        epoch.least().copied().unwrap_or_default(),
-                        e,
-                    ));
+                    f2.borrow_mut().get_or_insert(undelivered("dead letters", epoch, e));
                 }
                 m2.dead_letters.count(&letters);
             })
@@ -305,7 +316,7 @@ impl Ends for KafkaEnds {
                 return None;
             }
         };
-        if let Err(e) = self.dead.send(&part.dead_letters) {
+        if let Err(e) = self.dead.send(&part.dead_letters, part.epoch) {
             self.unsent.set(true);
             self.fail(undelivered("dead letters", part.epoch, e));
         }
@@ -317,8 +328,9 @@ impl Ends for KafkaEnds {
         Some(part.epoch)
     }
 
-    /// Flushes this worker's deliveries for finished epochs and hands their
-    /// positions to worker 0; worker 0 then commits.
+    /// Hands worker 0 the positions of the finished epochs the broker has
+    /// acknowledged all of (without waiting for it: reading and scoring go
+    /// on meanwhile); worker 0 then commits.
     fn settle(&mut self, _: &ProbeHandle<u64>, _: bool) {
         // A prediction or dead letter that could not be queued is in no
         // flush: a flush that works after it must not let a checkpoint or
@@ -327,26 +339,28 @@ impl Ends for KafkaEnds {
         if self.unsent.get() {
             self.positions.close();
         }
-        let done = self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX);
-        // After a failed delivery nothing more is checkpointed or committed,
-        // and each flush to a broker that is gone would wait out its timeout.
+        let done = self.finished();
+        // After a failed delivery nothing more is checkpointed or committed.
         if done > self.delivered && self.positions.is_open() {
-            match self.predictions.flush().and_then(|()| self.dead.flush()) {
-                Ok(()) => {
+            let acknowledged = (self.predictions.delivered_before(done))
+                .and_then(|p| Ok(p && self.dead.delivered_before(done)?));
+            match acknowledged {
+                Ok(true) => {
                     self.positions.release_before(done);
                     while let Some(entry) = self.read_at.first_entry().filter(|e| *e.key() < done) {
                         let latency = entry.remove().elapsed().as_secs_f64();
                         self.serving.metrics.observe_epoch_latency(latency);
                     }
+                    self.delivered = done;
                 }
-                // What failed to go out may be lost even if a later flush works.
+                Ok(false) => {}
+                // What failed to go out may be lost even if a later delivery works.
                 Err(e) => {
                     self.positions.close();
                     self.fail(undelivered("predictions and dead letters", self.delivered, e));
                 }
             }
         }
-        self.delivered = self.delivered.max(done);
         if self.index == 0 {
             self.commit();
         }
@@ -359,15 +373,15 @@ impl Ends for KafkaEnds {
             self.signals.halt();
         }
         while !self.delivery.done() {
-            worker.step_or_park(Self::PARK);
+            worker.step_or_park(self.park());
             self.settle(probe, true);
         }
-        // Every release follows a flush of all that was sent before it, so
-        // nothing a checkpoint covers is queued here; what was sent since
-        // still goes out before the producers do.
+        // The last epochs' acknowledgements, waited for, so that they are
+        // checkpointed and committed too.
         if self.failure.borrow().is_none() {
-            if let Err(e) = self.predictions.flush().and_then(|()| self.dead.flush()) {
-                self.fail(e.to_string());
+            match self.predictions.flush().and_then(|()| self.dead.flush()) {
+                Ok(()) => self.settle(probe, true),
+                Err(e) => self.fail(e.to_string()),
             }
         }
         self.positions.close();
