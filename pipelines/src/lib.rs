@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cluster;
 pub mod column_args;
 pub mod demo;
+pub mod epoch_column;
 pub mod eval;
 pub mod inspect;
 pub mod kafka_tools;

@@ -136,6 +136,7 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
             args.data = missing(dir, "train.parquet");
             args.test = args.test.map(|_| missing(dir, "test.parquet"));
             args.report = dir.join("report.json");
+            args.maps = args.maps.map(|_| dir.join("maps"));
             eval::run(&args, |_, _| {}).map(|_| ())
         }
         Command::Replay(mut args) => {
