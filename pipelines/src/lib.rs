@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod column_args;
+pub mod curves;
 pub mod demo;
 pub mod epoch_column;
 pub mod eval;
