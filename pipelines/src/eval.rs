@@ -298,7 +298,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             let mut after_batch = |b: usize, n: usize, learner: &dyn StreamingLearner| {
                 progress(b, n);
                 match &args.maps {
-                    Some(dir) if b % args.maps_every == 0 || b == n => draw_map(dir, b, learner, &prepared),
+                    Some(dir) if b.is_multiple_of(args.maps_every) || b == n => draw_map(dir, b, learner, &prepared),
                     _ => Ok(()),
                 }
             };
