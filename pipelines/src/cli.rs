@@ -7,7 +7,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::cluster::ClusterArgs;
 use crate::column_args::ColumnArgs;
 use crate::model_args::ModelArgs;
-use crate::{eval, kafka_tools, replay, serve, suggest};
+use crate::{curves, eval, kafka_tools, replay, serve, suggest};
 
 /// The whole command line: one subcommand and its flags.
 #[derive(Parser)]
@@ -69,6 +69,8 @@ pub enum Command {
     Produce(Box<kafka_tools::ProduceArgs>),
     /// Print a Kafka topic's messages from its first, one a line (the predictions `serve` wrote).
     Tail(Box<kafka_tools::TailArgs>),
+    /// Draw a test figure after every batch of several `eval` reports in one SVG (an experiment's learners side by side).
+    Curves(Box<curves::CurvesArgs>),
     /// Show what a saved model holds: a checkpoint file, or the newest in a directory.
     Inspect {
         /// A checkpoint file, or a checkpoint directory (its newest is read).

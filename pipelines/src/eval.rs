@@ -3,7 +3,7 @@
 //! are a contract (`../shared/docs/EVALUATION.md`, beside the repository): extend, never rename.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -15,9 +15,11 @@ use nalgebra::DVector;
 use serde::Serialize;
 
 use crate::column_args::ColumnArgs;
+use crate::epoch_column::batches_by_column;
 use crate::likelihood_args::LikelihoodArgs;
 use crate::model_args::{check_workers, Method, ModelArgs};
 use crate::protocol::{fold_split, prepare, Order, Prepared, Split, Standardizer};
+use crate::report::{posterior_map, MapMarks};
 use crate::saved_model::SavedModel;
 
 /// `dualgp eval`'s flags: the data and protocol here, the model in [`ModelArgs`].
@@ -44,6 +46,11 @@ pub struct EvalArgs {
     /// Batches the training rows are cut into, learned in turn.
     #[arg(long, default_value_t = 10)]
     pub batches: usize,
+    /// Cut the training rows (in --order) into one batch per run of equal
+    /// values of this numeric column instead of --batches equal parts, e.g.
+    /// `--epoch-column path`: one robot path a batch
+    #[arg(long, value_name = "COLUMN", conflicts_with = "batches")]
+    pub epoch_column: Option<String>,
     /// id | shuffle:SEED | sorted:COLUMN
     #[arg(long, default_value = "id")]
     pub order: String,
@@ -62,6 +69,15 @@ pub struct EvalArgs {
     /// standardisation, for `serve --model` or `replay --model`.
     #[arg(long, value_name = "FILE")]
     pub save_model: Option<PathBuf>,
+    /// For two inputs: after every --maps-every-th batch (and the last),
+    /// draw the predictive mean and sd over the inputs' range, with the
+    /// inducing inputs and the batch's inputs, as DIR/batch_NNN.svg
+    /// (streaming learners)
+    #[arg(long, value_name = "DIR")]
+    pub maps: Option<PathBuf>,
+    /// How often --maps draws: every Nth batch
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "maps")]
+    pub maps_every: usize,
 }
 
 /// The figures after one batch.
@@ -76,6 +92,9 @@ pub struct BatchReport {
     /// Inducing inputs after the batch (VAR-GP's grow by `--inducing` a task).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inducing: Option<usize>,
+    /// The `--epoch-column` value the batch's rows share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch_value: Option<f64>,
     /// The test figures after the batch.
     #[serde(flatten)]
     pub scores: TestScores,
@@ -193,6 +212,9 @@ pub struct Report {
     pub likelihood: String,
     /// `--order` as given.
     pub order: String,
+    /// `--epoch-column`, when batches are runs of its values.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch_column: Option<String>,
     /// The figures after each batch.
     pub batches: Vec<BatchReport>,
     /// The figures at the end.
@@ -212,6 +234,9 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             args.method.name()
         );
     }
+    if args.maps_every == 0 {
+        bail!("--maps-every 0: give how many batches apart the maps are drawn, at least 1");
+    }
     let order: Order = args.order.parse()?;
     let spec = args.columns.spec()?;
     let table = Table::read(&args.data, &spec)?;
@@ -222,7 +247,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         (Some(_), Some(_)) => unreachable!("clap refuses --test with --fold"),
     };
     let regression = matches!(likelihood, Likelihood::Gaussian { .. } | Likelihood::StudentT { .. });
-    if args.batches == 0 || args.batches > split.train.n() {
+    if args.epoch_column.is_none() && (args.batches == 0 || args.batches > split.train.n()) {
         bail!(
             "--batches {}: choose between 1 and the {} training rows",
             args.batches,
@@ -230,7 +255,19 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
         );
     }
     // A multi-output model's targets are standardised output by output (in `datasets`).
-    let prepared = prepare(&split, &order, args.batches, regression && !multi)?;
+    let n_batches = if args.epoch_column.is_some() { 1 } else { args.batches };
+    let mut prepared = prepare(&split, &order, n_batches, regression && !multi)?;
+    let mut epoch_values = Vec::new();
+    if let Some(column) = &args.epoch_column {
+        let runs = batches_by_column(&args.data, &args.columns, column, &prepared.train_ids)?;
+        (prepared.batches, epoch_values) = runs.into_iter().unzip();
+    }
+    if args.maps.is_some() && prepared.x_train.ncols() != 2 {
+        bail!(
+            "--maps draws two inputs, and the data has {}: drop --maps",
+            prepared.x_train.ncols()
+        );
+    }
     let (train, test, y_by_output) = datasets(&prepared, &likelihood)?;
     let tasks = TestTasks::new(split.test.tasks.as_deref(), &test);
     let likelihood = settings.likelihood(likelihood);
@@ -258,6 +295,13 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                     )?)
                     .as_mut(),
             };
+            let mut after_batch = |b: usize, n: usize, learner: &dyn StreamingLearner| {
+                progress(b, n);
+                match &args.maps {
+                    Some(dir) if b.is_multiple_of(args.maps_every) || b == n => draw_map(dir, b, learner, &prepared),
+                    _ => Ok(()),
+                }
+            };
             let metrics = stream(
                 learner,
                 &prepared,
@@ -265,7 +309,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 (&test, &tasks),
                 &mut batches,
                 &mut total,
-                &mut progress,
+                &mut after_batch,
             )?;
             let last = batches.last().map(|b| b.scores.clone());
             let (by_task, by_output) = last.map(|s| (s.by_task, s.by_output)).unwrap_or_default();
@@ -307,6 +351,7 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
                 n_seen: train.n() as u64,
                 seconds: total,
                 inducing: Some(model.posterior.m()),
+                epoch_value: None,
                 scores: TestScores::new(&metrics, by_task.clone(), by_output.clone()),
             });
             progress(1, 1);
@@ -318,12 +363,19 @@ pub fn run(args: &EvalArgs, mut progress: impl FnMut(usize, usize)) -> Result<Re
             )
         }
     };
+    // The offline fit's one batch is all the runs together, unless there is one run.
+    if batches.len() == epoch_values.len() {
+        for (batch, value) in batches.iter_mut().zip(epoch_values) {
+            batch.epoch_value = Some(value);
+        }
+    }
     let report = Report {
         method: args.method.name().into(),
         data: args.data.display().to_string(),
         fold: args.fold,
         likelihood: likelihood.name(),
         order: order.to_string(),
+        epoch_column: args.epoch_column.clone(),
         batches,
         final_: FinalReport {
             scores: TestScores::new(&final_metrics, final_by_task, final_by_output),
@@ -346,7 +398,7 @@ fn stream(
     (test, tasks): (&Data, &TestTasks),
     batches: &mut Vec<BatchReport>,
     total: &mut f64,
-    progress: &mut impl FnMut(usize, usize),
+    after_batch: &mut impl FnMut(usize, usize, &dyn StreamingLearner) -> Result<()>,
 ) -> Result<Metrics> {
     let n_batches = prepared.batches.len();
     let mut last = None;
@@ -364,12 +416,37 @@ fn stream(
             n_seen,
             seconds,
             inducing: learner.posterior().map(|p| p.m()),
+            epoch_value: None,
             scores: TestScores::new(&metrics, by_task, by_output),
         });
         last = Some(metrics);
-        progress(b + 1, n_batches);
+        after_batch(b + 1, n_batches, &*learner)?;
     }
     last.context("no batches to learn from")
+}
+
+/// `--maps`: the learner's map after batch `b` (from 1), the batch's inputs on it.
+fn draw_map(dir: &Path, b: usize, learner: &dyn StreamingLearner, prepared: &Prepared) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--maps: cannot create {}", dir.display()))?;
+    let rows = prepared.batches[b - 1].clone();
+    let learned = prepared.x_train.rows_range(rows.clone()).into_owned();
+    let marks = MapMarks {
+        title: Some(format!(
+            "after batch {b} of {} ({} rows learned)",
+            prepared.batches.len(),
+            rows.end
+        )),
+        learned: Some(&learned),
+        // Coarser than replay's map: a map a batch, each about 0.3 MB of SVG.
+        cells: Some(30),
+        ..MapMarks::default()
+    };
+    posterior_map(
+        &dir.join(format!("batch_{b:03}.svg")),
+        learner,
+        &prepared.standardizer,
+        &marks,
+    )
 }
 
 /// Each output's target scaling `(mean, sd)`, in output order.

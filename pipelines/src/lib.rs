@@ -8,7 +8,9 @@
 pub mod cli;
 pub mod cluster;
 pub mod column_args;
+pub mod curves;
 pub mod demo;
+pub mod epoch_column;
 pub mod eval;
 pub mod inspect;
 pub mod kafka_tools;

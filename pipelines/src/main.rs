@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dualgp_operators::model::StreamingLearner;
 use dualgp_pipelines::cli::{causes_once, one_line_for, parse_from, subcommand_of, Cli, Command};
 use dualgp_pipelines::wording::counted;
-use dualgp_pipelines::{demo, eval, inspect, kafka_tools, pipeline, replay, report, serve, suggest};
+use dualgp_pipelines::{curves, demo, eval, inspect, kafka_tools, pipeline, replay, report, serve, suggest};
 use indicatif::{ProgressBar, ProgressStyle};
 
 fn main() {
@@ -147,6 +147,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tail(args) => {
             let n = kafka_tools::tail(&args, |message| println!("{message}"))?;
             eprintln!("read {n} messages from `{}`", args.topic);
+            Ok(())
+        }
+        Command::Curves(args) => {
+            let n = curves::run(&args)?;
+            println!("{n} curves in {}", args.output.display());
             Ok(())
         }
         Command::Inspect { checkpoint, json } => {

@@ -192,6 +192,16 @@ pub fn batches(n: usize, k: usize) -> Result<Vec<Range<usize>>, ProtocolError> {
         .collect())
 }
 
+/// Consecutive batches, one per run of equal `values` (a new batch wherever
+/// the value changes from the row before): the batches of `--epoch-column`.
+/// Values are compared exactly, so a run of `NaN`s is cut at every row.
+pub fn runs(values: &[f64]) -> Vec<Range<usize>> {
+    let mut cuts: Vec<usize> = (1..values.len()).filter(|&i| values[i] != values[i - 1]).collect();
+    cuts.insert(0, 0);
+    cuts.push(values.len());
+    cuts.windows(2).filter(|w| w[0] < w[1]).map(|w| w[0]..w[1]).collect()
+}
+
 /// Train and test tables with the same features.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
@@ -521,6 +531,13 @@ mod tests {
         assert_eq!(back.log_density, Some(-0.5), "a class output's density is not rescaled");
         assert_eq!(back.all_outputs[0], Predictive::Moments { mean: 5.0, var: 9.0 });
         assert_eq!(back.all_outputs[1], Predictive::Classes(vec![0.4, 0.6]));
+    }
+
+    #[test]
+    fn runs_cut_where_the_value_changes() {
+        assert_eq!(runs(&[1.0, 1.0, 2.0, 2.0, 2.0, 1.0]), vec![0..2, 2..5, 5..6]);
+        assert_eq!(runs(&[3.0]), vec![0..1]);
+        assert!(runs(&[]).is_empty());
     }
 
     #[test]

@@ -124,13 +124,48 @@ fn hyperparameters(path: &Path, history: &[(u64, Vec<(String, f64)>)]) -> Result
     root.present().map_err(plot_error)
 }
 
-/// Mean and standard deviation of `y` over the inputs' range, on the data's scale.
+/// Mean and standard deviation of `y` over the inputs' range, on the data's
+/// scale, with the inducing inputs and the memory.
 fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> Result<()> {
-    const CELLS: usize = 60;
+    let memory = model.memory.data(2);
+    let marks = MapMarks {
+        memory: Some(memory.x()),
+        ..MapMarks::default()
+    };
+    posterior_map(path, model, scaling, &marks)
+}
+
+/// What a [`posterior_map`] draws over the model's mean and sd, all on the
+/// learner's (standardised) scale.
+#[derive(Default)]
+pub struct MapMarks<'a> {
+    /// A caption above the two panels (e.g. which batch the map is after).
+    pub title: Option<String>,
+    /// Dual-memory's memory, drawn as white circles.
+    pub memory: Option<&'a DMatrix<f64>>,
+    /// The inputs just learned (a robot's path), drawn as small grey dots.
+    pub learned: Option<&'a DMatrix<f64>>,
+    /// Grid cells along each axis (60 when unset); the SVG grows with their square.
+    pub cells: Option<usize>,
+}
+
+/// Dots drawn of a batch's inputs at most: enough to show its path, few
+/// enough to keep the SVG small.
+const LEARNED_DOTS: usize = 600;
+
+/// Mean and standard deviation of `y` over the inputs' range (two inputs),
+/// on the data's scale, with the inducing inputs and `marks` drawn on them:
+/// any streaming learner's map, e.g. after each batch of `eval --maps`.
+pub fn posterior_map(
+    path: &Path,
+    model: &dyn StreamingLearner,
+    scaling: &Standardizer,
+    marks: &MapMarks<'_>,
+) -> Result<()> {
+    let cells = marks.cells.unwrap_or(60).max(2);
     let post = model
         .posterior()
         .ok_or_else(|| anyhow!("the model has not learned yet"))?;
-    let memory = model.memory.data(2);
     // The inputs' range: three standard deviations around the mean, the scale the model learned on.
     let axis = |j: usize| {
         (
@@ -139,9 +174,9 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
         )
     };
     let (x0, x1) = (axis(0), axis(1));
-    let at = |(lo, hi): (f64, f64), i: usize| lo + (hi - lo) * (i as f64 + 0.5) / CELLS as f64;
-    let grid = DMatrix::from_fn(CELLS * CELLS, 2, |r, j| {
-        let (i, k) = (r / CELLS, r % CELLS);
+    let at = |(lo, hi): (f64, f64), i: usize| lo + (hi - lo) * (i as f64 + 0.5) / cells as f64;
+    let grid = DMatrix::from_fn(cells * cells, 2, |r, j| {
+        let (i, k) = (r / cells, r % cells);
         let v = if j == 0 { at(x0, i) } else { at(x1, k) };
         (v - scaling.x_mean[j]) / scaling.x_std[j]
     });
@@ -162,11 +197,23 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
             })
             .collect()
     };
-    let (inducing, remembered) = (back(&post.z), back(memory.x()));
+    let inducing = back(&post.z);
+    let remembered = marks.memory.map(back).unwrap_or_default();
+    let learned: Vec<(f64, f64)> = marks.learned.map(back).unwrap_or_default();
+    let learned: Vec<(f64, f64)> = learned
+        .iter()
+        .step_by(learned.len().div_ceil(LEARNED_DOTS).max(1))
+        .copied()
+        .collect();
 
-    let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
+    // Room below the panels for their colour scales and a key of three rows.
+    let root = SVGBackend::new(path, (1000, 580)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let (panels_area, below) = root.split_vertically(480);
+    let root = match &marks.title {
+        Some(title) => root.titled(title, ("sans-serif", 18)).map_err(plot_error)?,
+        None => root,
+    };
+    let (panels_area, below) = root.split_vertically(root.dim_in_pixel().1 as i32 - 100);
     let (scales, key) = below.split_vertically(40);
     let (left, right) = panels_area.split_horizontally(500);
     let (left_scale, right_scale) = scales.split_horizontally(500);
@@ -190,14 +237,21 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
             .y_desc("x1")
             .draw()
             .map_err(plot_error)?;
-        let (w0, w1) = ((x0.1 - x0.0) / CELLS as f64, (x1.1 - x1.0) / CELLS as f64);
+        let (w0, w1) = ((x0.1 - x0.0) / cells as f64, (x1.1 - x1.0) / cells as f64);
         chart
             .draw_series(values.iter().enumerate().map(|(r, v)| {
-                let (i, k) = (r / CELLS, r % CELLS);
+                let (i, k) = (r / cells, r % cells);
                 let (u, w) = (x0.0 + i as f64 * w0, x1.0 + k as f64 * w1);
                 let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
                 Rectangle::new([(u, w), (u + w0, w + w1)], ramp(t).filled())
             }))
+            .map_err(plot_error)?;
+        chart
+            .draw_series(
+                learned
+                    .iter()
+                    .map(|&p| Circle::new(p, 1, RGBColor(160, 160, 160).filled())),
+            )
             .map_err(plot_error)?;
         chart
             .draw_series(inducing.iter().map(|&p| Cross::new(p, 4, BLACK.stroke_width(2))))
@@ -206,10 +260,13 @@ fn posterior(path: &Path, model: &SequentialLearner, scaling: &Standardizer) -> 
             .draw_series(remembered.iter().map(|&p| Circle::new(p, 3, WHITE.stroke_width(1))))
             .map_err(plot_error)?;
     }
-    let entries = [
-        ("inducing inputs".to_string(), Mark::Cross),
-        ("memory (white circles)".to_string(), Mark::Circle),
-    ];
+    let mut entries = vec![("inducing inputs".to_string(), Mark::Cross)];
+    if marks.memory.is_some() {
+        entries.push(("memory (white circles)".to_string(), Mark::Circle));
+    }
+    if marks.learned.is_some() {
+        entries.push(("inputs of the batch just learned (grey dots)".to_string(), Mark::Circle));
+    }
     draw_key(&key, &entries)?;
     root.present().map_err(plot_error)
 }

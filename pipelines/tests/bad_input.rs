@@ -12,7 +12,7 @@ use dualgp_pipelines::cli::{causes_once, one_line, Cli, Command};
 use dualgp_pipelines::cluster::ClusterArgs;
 use dualgp_pipelines::model_args::{check_workers, ModelArgs};
 use dualgp_pipelines::pipeline::PipelineConfig;
-use dualgp_pipelines::{eval, inspect, kafka_tools, replay, suggest};
+use dualgp_pipelines::{curves, eval, inspect, kafka_tools, replay, suggest};
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
@@ -136,6 +136,7 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
             args.data = missing(dir, "train.parquet");
             args.test = args.test.map(|_| missing(dir, "test.parquet"));
             args.report = dir.join("report.json");
+            args.maps = args.maps.map(|_| dir.join("maps"));
             eval::run(&args, |_, _| {}).map(|_| ())
         }
         Command::Replay(mut args) => {
@@ -169,6 +170,12 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
             args.model = args.model.map(|_| missing(dir, "model"));
             args.data = args.data.map(|_| missing(dir, "evaluated.parquet"));
             suggest::run(&args).map(|_| ())
+        }
+        Command::Curves(mut args) => {
+            let absent = missing(dir, "report.json");
+            args.reports = args.reports.iter().map(|_| format!("a={}", absent.display())).collect();
+            args.output = dir.join("curves.svg");
+            curves::run(&args).map(|_| ())
         }
         Command::Inspect { .. } => inspect::inspect(&missing(dir, "checkpoint.json")).map(|_| ()),
         Command::Produce(mut args) => {
