@@ -9,7 +9,7 @@ mod parquet_files;
 
 use arrow::array::AsArray;
 use arrow::datatypes::{Int32Type, Int8Type};
-use common::{assert_fails_with, json_report_of};
+use common::{assert_fails_with, json_report_of, words};
 use parquet_files::{data, read_parquet, write_batch};
 use serde_json::Value;
 
@@ -50,21 +50,8 @@ fn the_magnetometers_paths_are_one_batch_each() {
     let dir = tempfile::tempdir().unwrap();
     let (file, report) = (dir.path().join("two_paths.parquet"), dir.path().join("r.json"));
     write_batch(&file, &rows, 64);
-    let args = [
-        "eval",
-        "--data",
-        file.to_str().unwrap(),
-        "--fold",
-        "0",
-        "--likelihood",
-        "gaussian",
-        "--epoch-column",
-        "path",
-        "--inducing",
-        "10",
-        "--report",
-        report.to_str().unwrap(),
-    ];
+    let mut args = words("eval --fold 0 --likelihood gaussian --epoch-column path --inducing 10");
+    args.extend(["--data", file.to_str().unwrap(), "--report", report.to_str().unwrap()]);
     let report = json_report_of(&args, &report);
     assert_eq!(report["epoch_column"], "path");
     assert_eq!(sizes_and_values(&report), (expected, vec![1.0, 2.0]));
