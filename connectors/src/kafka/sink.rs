@@ -102,11 +102,15 @@ impl DeliveryReport {
 
     /// Whether every message of the epochs before `epoch` is settled.
     fn settled_before(&self, epoch: u64) -> bool {
-        self.unacknowledged_map().first_key_value().is_none_or(|(e, _)| *e >= epoch)
+        self.unacknowledged_map()
+            .first_key_value()
+            .is_none_or(|(e, _)| *e >= epoch)
     }
 
     fn unacknowledged_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
-        self.unacknowledged.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.unacknowledged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
