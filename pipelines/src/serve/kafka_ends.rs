@@ -342,8 +342,8 @@ impl Ends for KafkaEnds {
         let done = self.finished();
         // After a failed delivery nothing more is checkpointed or committed.
         if done > self.delivered && self.positions.is_open() {
-            let acknowledged = (self.predictions.delivered_before(done))
-                .and_then(|p| Ok(p && self.dead.delivered_before(done)?));
+            let acknowledged =
+                (self.predictions.delivered_before(done)).and_then(|p| Ok(p && self.dead.delivered_before(done)?));
             match acknowledged {
                 Ok(true) => {
                     self.positions.release_before(done);
