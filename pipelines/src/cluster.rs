@@ -105,9 +105,10 @@ impl ClusterArgs {
     }
 }
 
-/// The `host:port` lines of a hostfile. Names are not resolved here: on a
-/// container network they may resolve only once every peer is up.
-fn host_lines(text: &str, path: &Path) -> Result<Vec<String>> {
+/// The `host:port` lines of a hostfile's `text` (read from `path`, which
+/// the errors name). Names are not resolved here: on a container network
+/// they may resolve only once every peer is up.
+pub fn host_lines(text: &str, path: &Path) -> Result<Vec<String>> {
     let mut addresses = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();

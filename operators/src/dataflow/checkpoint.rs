@@ -180,9 +180,16 @@ impl CheckpointStore {
 
 /// Reads and checks one checkpoint file, its factors rebuilt.
 pub fn read_checkpoint<P: DeserializeOwned>(path: &Path) -> Result<Checkpoint<P>, CheckpointError> {
+    let bytes = fs::read(path).map_err(|source| io(path, source))?;
+    checkpoint_from_bytes(&bytes, path)
+}
+
+/// Checks a checkpoint file's `bytes` (read from `path`, which the errors
+/// name) as [`read_checkpoint`] does: the reader without the file system,
+/// for the fuzz target and the corpus replay test.
+pub fn checkpoint_from_bytes<P: DeserializeOwned>(bytes: &[u8], path: &Path) -> Result<Checkpoint<P>, CheckpointError> {
     let path = path.to_path_buf();
-    let bytes = fs::read(&path).map_err(|source| io(&path, source))?;
-    let body = checked_body(&bytes).ok_or_else(|| CheckpointError::Checksum { path: path.clone() })?;
+    let body = checked_body(bytes).ok_or_else(|| CheckpointError::Checksum { path: path.clone() })?;
     #[derive(Deserialize)]
     struct Header {
         version: u32,

@@ -42,7 +42,8 @@ mod repeats;
 mod shard_thread;
 
 pub use checkpoint::{
-    read_checkpoint, with_checksum, Checkpoint, CheckpointError, CheckpointStore, WriteCheckpoints, CHECKPOINT_VERSION,
+    checkpoint_from_bytes, read_checkpoint, with_checksum, Checkpoint, CheckpointError, CheckpointStore,
+    WriteCheckpoints, CHECKPOINT_VERSION,
 };
 pub use delayed::delayed_labels;
 pub use health::panic_message;

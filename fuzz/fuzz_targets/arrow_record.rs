@@ -1,0 +1,6 @@
+#![no_main]
+//! `cargo +nightly fuzz run arrow_record`: the body is [`dualgp_fuzz::arrow_record`], run
+//! so that only a panic that escapes the decoder is a crash (see
+//! [`dualgp_fuzz::crash_on_escaped_panic`]).
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| dualgp_fuzz::crash_on_escaped_panic(|| dualgp_fuzz::arrow_record(data)));
