@@ -25,8 +25,11 @@ use dualgp_operators::model::{
 };
 use nalgebra::{DMatrix, DVector};
 
+/// A fuzz target's body: bytes in, a panic on what it must not do.
+type Body = fn(&[u8]);
+
 /// The fuzz targets and their bodies.
-const TARGETS: [(&str, fn(&[u8])); 5] = [
+const TARGETS: [(&str, Body); 5] = [
     ("json_record", bodies::json_record),
     ("arrow_record", bodies::arrow_record),
     ("checkpoint", bodies::checkpoint),
