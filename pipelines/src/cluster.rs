@@ -118,7 +118,9 @@ pub fn host_lines(text: &str, path: &Path) -> Result<Vec<String>> {
         let port = line.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
         let host_ok = |host: &str| !host.is_empty() && !host.contains(char::is_whitespace);
         if !matches!(port, Some((host, Ok(_))) if host_ok(host)) {
-            bail!("{} line {}: `{line}` is not host:port", path.display(), number + 1);
+            // Control characters shown escaped: the error stays one line.
+            let shown = line.escape_default();
+            bail!("{} line {}: `{shown}` is not host:port", path.display(), number + 1);
         }
         addresses.push(line.to_owned());
     }
@@ -129,6 +131,16 @@ pub fn host_lines(text: &str, path: &Path) -> Result<Vec<String>> {
 mod tests {
     use super::*;
     use timely::CommunicationConfig;
+
+    /// A carriage return inside a line (noticed while fuzzing the hostfile
+    /// parser) is shown escaped: the error stays one line.
+    #[test]
+    fn a_control_character_in_a_hostfile_line_is_shown_escaped() {
+        let err = host_lines("node-a\rx:4000\n", Path::new("hosts"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "hosts line 1: `node-a\\rx:4000` is not host:port");
+    }
 
     fn cluster(processes: usize, process: usize, hostfile: Option<PathBuf>) -> ClusterArgs {
         ClusterArgs {
