@@ -13,8 +13,9 @@
 //! supervisor would. Every restart resumes from process 0's checkpoints.
 //!
 //! Ignored by the test suite (it takes minutes); `scripts/soak.sh` runs them.
-//! `SOAK_KILLS` (default 20), `SOAK_RECORDS` (default 20 000) and
-//! `SOAK_SEED` (default 1) change the runs; they write `soak.json` and
+//! `SOAK_KILLS` (default 20), `SOAK_RECORDS` (default 20 000),
+//! `SOAK_SEED` (default 1) and `SOAK_WORKERS` (workers a process, default
+//! 1; the one-process soak's topic has a partition each) change the runs; they write `soak.json` and
 //! `soak-two-processes.json` into the target directory.
 
 #[allow(dead_code)] // only the in-memory broker is used here
@@ -42,6 +43,11 @@ use rand_chacha::ChaCha8Rng;
 /// is checked between epochs).
 const BATCH: usize = 100;
 const BATCH_TIMEOUT_MS: &str = "5000";
+
+/// Workers a serve process runs (`SOAK_WORKERS`, default 1).
+fn workers() -> usize {
+    setting("SOAK_WORKERS", 1) as usize
+}
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -110,7 +116,7 @@ fn spawn_member(address: &str, input: &str, output: &str, dir: Option<&Path>, lo
             "--batch-timeout-ms",
             BATCH_TIMEOUT_MS,
             "--workers",
-            "1",
+            &workers().to_string(),
             "--scoring",
             "prequential",
         ])
@@ -176,7 +182,7 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
         setting("SOAK_SEED", 1),
     );
     let records = records as usize / BATCH * BATCH;
-    let (_broker, address) = broker_with_stream(records, seed, ["soak-in", "calm-in"], 1);
+    let (_broker, address) = broker_with_stream(records, seed, ["soak-in", "calm-in"], workers() as i32);
     let work = tempfile::tempdir().unwrap();
     let (soak_dir, calm_dir) = (work.path().join("soak"), work.path().join("calm"));
     let log = work.path().join("soak.log");
@@ -225,6 +231,7 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
     let end = end_of_soak(&address, "soak-out", (&soak_dir, &calm_dir), records, killed as usize);
 
     let mut figures = serde_json::json!({
+        "workers": workers(),
         "kills": killed,
         "kills_during_a_checkpoint_write": during_write,
         "stream_finished_before_all_kills": finished_early,
@@ -240,7 +247,7 @@ fn serve_killed_with_sigkill_again_and_again_learns_every_epoch_once() {
 
 /// The checks at the end of a soak, every record scored on `out`, no more
 /// scored again than docs/OPERATIONS.md's bound for `restarts` restarts of
-/// a one-worker process, and the model the uninterrupted run's
+/// a process, and the model the uninterrupted run's
 /// (`(soak_dir, calm_dir)`): the figures they give.
 fn end_of_soak(
     address: &str,
@@ -251,7 +258,7 @@ fn end_of_soak(
 ) -> serde_json::Map<String, serde_json::Value> {
     let (predictions, duplicates) = every_record_scored(address, out, records);
     // At most 2 x --epochs-in-flight x --batch-size per worker and restart.
-    let bound = restarts * 2 * EPOCHS_IN_FLIGHT as usize * BATCH;
+    let bound = restarts * workers() * 2 * EPOCHS_IN_FLIGHT as usize * BATCH;
     assert!(
         duplicates <= bound,
         "{duplicates} predictions scored again over {restarts} restarts, more than {bound}"
