@@ -251,7 +251,14 @@ pub const MAX_REASON_TEXT: usize = 4 * 1024;
 impl DeadLetter {
     /// The reason as text, cut to [`MAX_REASON_TEXT`] bytes (saying so).
     pub fn reason_text(&self) -> String {
-        let mut text = self.reason.to_string();
+        // A reason quotes the input (field and column names), which may hold
+        // line breaks: shown escaped, a reason stays one line.
+        let mut text: String = (self.reason.to_string().chars())
+            .flat_map(|c| match c.is_control() {
+                true => c.escape_default().collect::<Vec<_>>(),
+                false => vec![c],
+            })
+            .collect();
         if text.len() > MAX_REASON_TEXT {
             let all = text.len();
             text.truncate(text.floor_char_boundary(MAX_REASON_TEXT));
@@ -350,6 +357,26 @@ mod tests {
         assert_eq!(a.records, 5);
         assert_eq!(a.dead_letters[&ReasonKind::Null], 2);
         assert_eq!(a.total_dead_letters(), 3);
+    }
+
+    /// A column named with a line break (the `arrow_record` fuzz target's
+    /// find) is quoted escaped, so the reason stays one line.
+    #[test]
+    fn a_reason_quoting_a_line_break_stays_one_line() {
+        let letter = DeadLetter {
+            origin: Origin::File {
+                path: "f".into(),
+                row: 0,
+            },
+            payload: String::new(),
+            reason: Reason::Undecodable {
+                detail: "the columns are: id, \n0, y".into(),
+            },
+        };
+        assert_eq!(
+            letter.reason_text(),
+            "cannot decode the message: the columns are: id, \\n0, y"
+        );
     }
 
     #[test]
