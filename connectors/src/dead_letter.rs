@@ -253,12 +253,13 @@ impl DeadLetter {
     pub fn reason_text(&self) -> String {
         // A reason quotes the input (field and column names), which may hold
         // line breaks: shown escaped, a reason stays one line.
-        let mut text: String = (self.reason.to_string().chars())
-            .flat_map(|c| match c.is_control() {
-                true => c.escape_default().collect::<Vec<_>>(),
-                false => vec![c],
-            })
-            .collect();
+        let mut text = String::new();
+        for c in self.reason.to_string().chars() {
+            match c.is_control() {
+                true => text.extend(c.escape_default()),
+                false => text.push(c),
+            }
+        }
         if text.len() > MAX_REASON_TEXT {
             let all = text.len();
             text.truncate(text.floor_char_boundary(MAX_REASON_TEXT));

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dualgp_connectors::{DeadLetter, DeadLetterProducer, EpochPart, KafkaPosition, KafkaSource, PredictionProducer};
+use dualgp_connectors::{
+    DeadLetter, DeadLetterProducer, EpochPart, KafkaError, KafkaPosition, KafkaSource, PredictionProducer,
+};
 use dualgp_operators::dataflow::{CheckpointStore, GpStreams, Record, WriteCheckpoints};
 use timely::dataflow::operators::{Input, Inspect, Probe};
 use timely::dataflow::{InputHandleVec, ProbeHandle, Scope};
@@ -136,6 +138,12 @@ impl KafkaEnds {
     /// Every epoch before this one is handed to the producers by every worker.
     fn finished(&self) -> u64 {
         self.delivery.with_frontier(|f| f.first().copied()).unwrap_or(u64::MAX)
+    }
+
+    /// Without waiting: whether the broker acknowledged every prediction and
+    /// dead letter of the epochs before `epoch`.
+    fn acknowledged_before(&self, epoch: u64) -> Result<bool, KafkaError> {
+        Ok(self.predictions.delivered_before(epoch)? && self.dead.delivered_before(epoch)?)
     }
 
     /// Keeps the first error; the next read halts the cluster.
@@ -342,9 +350,7 @@ impl Ends for KafkaEnds {
         let done = self.finished();
         // After a failed delivery nothing more is checkpointed or committed.
         if done > self.delivered && self.positions.is_open() {
-            let acknowledged =
-                (self.predictions.delivered_before(done)).and_then(|p| Ok(p && self.dead.delivered_before(done)?));
-            match acknowledged {
+            match self.acknowledged_before(done) {
                 Ok(true) => {
                     self.positions.release_before(done);
                     while let Some(entry) = self.read_at.first_entry().filter(|e| *e.key() < done) {
