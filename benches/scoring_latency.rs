@@ -13,8 +13,10 @@
 //! must, and the staleness of the scoring models says how far.
 //!
 //! The learner runs on threads beside the workers', first at their priority,
-//! then in the background (`GpOptions::learn_in_background`, what serve does:
-//! it runs only on a core nothing else wants).
+//! then in the background (`GpOptions::learn_in_background`: it runs only on
+//! a core nothing else wants), then at their priority held to a staleness
+//! bound (`GpOptions::max_staleness`, `serve --max-staleness`: it learns a
+//! sample of what it cannot absorb).
 //! Writes `target/bench-scoring-latency.json` and prints a table. Run:
 //!
 //! ```text
@@ -42,6 +44,15 @@ const EPOCH: usize = 1000;
 const WORKERS: usize = 2;
 /// One update learns at most this many epochs (serve's default); reading never waits for it.
 const MOST_EPOCHS_PER_UPDATE: usize = dualgp::pipelines::serve::EPOCHS_IN_FLIGHT as usize;
+/// The bounded row's `--max-staleness`.
+const BOUND: u64 = 4;
+
+/// How the learner runs in a row.
+#[derive(Clone, Copy)]
+struct Learning {
+    background: bool,
+    max_staleness: Option<u64>,
+}
 
 fn seconds() -> f64 {
     let given = std::env::var("SCORING_LATENCY_SECONDS")
@@ -76,11 +87,12 @@ fn default_learner() -> SequentialLearner {
 struct Seen {
     scored: Vec<(i64, Duration, u64)>,
     updates: usize,
+    /// Labelled records the updates did not learn (the staleness bound).
+    shed: u64,
 }
 
-/// Streams `records` through the operator on [`WORKERS`] workers, learning
-/// in the `background` or not.
-fn run(records: &Arc<Vec<Record>>, background: bool) -> Vec<Seen> {
+/// Streams `records` through the operator on [`WORKERS`] workers, learning as `learning` says.
+fn run(records: &Arc<Vec<Record>>, learning: Learning) -> Vec<Seen> {
     let records = Arc::clone(records);
     let start = Instant::now() + Duration::from_millis(100);
     let guards = timely::execute(timely::Config::process(WORKERS), move |worker| {
@@ -93,7 +105,8 @@ fn run(records: &Arc<Vec<Record>>, background: bool) -> Vec<Seen> {
             let options = GpOptions {
                 scoring: Scoring::OnArrival,
                 max_epochs_per_update: MOST_EPOCHS_PER_UPDATE,
-                learn_in_background: background,
+                learn_in_background: learning.background,
+                max_staleness: learning.max_staleness,
                 ..GpOptions::new(D)
             };
             let gp = scope
@@ -109,7 +122,11 @@ fn run(records: &Arc<Vec<Record>>, background: bool) -> Vec<Seen> {
                 })
                 .probe_with(&probe);
             gp.updates
-                .inspect(move |_| s2.borrow_mut().updates += 1)
+                .inspect(move |u| {
+                    let mut seen = s2.borrow_mut();
+                    seen.updates += 1;
+                    seen.shed += u.shed;
+                })
                 .probe_with(&probe);
         });
         // Each worker reads every `peers`-th record when it is due.
@@ -148,6 +165,7 @@ fn summary(seen: &[Seen]) -> Value {
     json!({
         "predictions": latency_us.len(),
         "updates": seen.iter().map(|s| s.updates).max().unwrap_or(0),
+        "shed": seen.iter().map(|s| s.shed).sum::<u64>(),
         "latency_us": {
             "p50": quantile(&latency_us, 0.5),
             "p90": quantile(&latency_us, 0.9),
@@ -165,34 +183,44 @@ fn main() {
     }
     let n = (RATE * seconds()) as usize;
     let records = Arc::new(stream(n));
-    let rows: Vec<(&str, Value)> = [("at the workers' priority", false), ("in the background", true)]
-        .into_iter()
-        .map(|(name, background)| {
-            eprintln!("scoring_latency: learning {name} …");
-            let seen = run(&records, background);
-            assert_eq!(
-                seen.iter().map(|s| s.scored.len()).sum::<usize>(),
-                n,
-                "every record scored once"
-            );
-            (name, summary(&seen))
-        })
-        .collect();
+    let at = |background, max_staleness| Learning {
+        background,
+        max_staleness,
+    };
+    let bounded = format!("at the workers' priority, --max-staleness {BOUND}");
+    let rows: Vec<(&str, Value)> = [
+        ("at the workers' priority", at(false, None)),
+        ("in the background", at(true, None)),
+        (bounded.as_str(), at(false, Some(BOUND))),
+    ]
+    .into_iter()
+    .map(|(name, learning)| {
+        eprintln!("scoring_latency: learning {name} …");
+        let seen = run(&records, learning);
+        assert_eq!(
+            seen.iter().map(|s| s.scored.len()).sum::<usize>(),
+            n,
+            "every record scored once"
+        );
+        (name, summary(&seen))
+    })
+    .collect();
     println!(
         "\nScoring on arrival inside the dataflow, {RATE} records/s for {} s, {WORKERS} workers, d = {D}, m = 100:\n",
         seconds()
     );
     println!(
-        "| learning | predictions | updates | p50 µs | p90 µs | p99 µs | max µs | staleness mean / max (epochs) |"
+        "| learning | predictions | updates | records shed | p50 µs | p90 µs | p99 µs | max µs | staleness mean / max (epochs) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (name, row) in &rows {
         let l = &row["latency_us"];
         let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
         println!(
-            "| {name} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} / {} |",
+            "| {name} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} / {} |",
             row["predictions"],
             row["updates"],
+            row["shed"],
             f(&l["p50"]),
             f(&l["p90"]),
             f(&l["p99"]),
@@ -210,6 +238,7 @@ fn main() {
         "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "foreground": rows[0].1,
         "background": rows[1].1,
+        "bounded": { "max_staleness": BOUND, "row": rows[2].1 },
     });
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-scoring-latency.json");
     std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();

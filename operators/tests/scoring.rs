@@ -5,6 +5,8 @@
 //! An epoch held open by a second input stands for an update that has not
 //! finished: whatever is scored meanwhile was scored without waiting for it.
 
+mod common;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -41,6 +43,14 @@ fn slow_learner() -> SequentialLearner {
     SequentialLearner::new(kernel, Likelihood::Gaussian { variance: 0.1 }, config).unwrap()
 }
 
+/// Scoring as `scoring` says, one input per record.
+fn scoring_by(scoring: Scoring) -> GpOptions {
+    GpOptions {
+        scoring,
+        ..GpOptions::new(1)
+    }
+}
+
 /// Records `ids` on a line, labelled or not.
 fn records(ids: std::ops::Range<i64>, labelled: bool) -> Vec<Record> {
     ids.map(|i| {
@@ -61,14 +71,10 @@ struct Seen {
 fn learn_and_watch(
     records: StreamVec<'_, u64, Record>,
     learner: SequentialLearner,
-    scoring: Scoring,
+    options: GpOptions,
     seen: &Rc<RefCell<Seen>>,
     probe: &ProbeHandle<u64>,
 ) {
-    let options = GpOptions {
-        scoring,
-        ..GpOptions::new(1)
-    };
     let gp = records.learn_gp_with(None, learner, options);
     let (s1, s2) = (Rc::clone(seen), Rc::clone(seen));
     gp.predictions
@@ -89,7 +95,7 @@ fn run(scoring: Scoring) -> (Vec<Prediction>, Seen) {
         let seen = Rc::new(RefCell::new(Seen::default()));
         worker.dataflow::<u64, _, _>(|scope| {
             let records = scope.input_from(&mut held).concat(scope.input_from(&mut feed));
-            learn_and_watch(records, learner(), scoring, &seen, &probe);
+            learn_and_watch(records, learner(), scoring_by(scoring), &seen, &probe);
         });
         held.send_batch(&mut records(0..60, true));
         feed.advance_to(1);
@@ -157,12 +163,12 @@ fn on_arrival_scoring_answers_before_earlier_epochs_are_learned() {
 /// Epochs 0–3 (labelled) all come in before the worker first runs: scoring on
 /// arrival hands each to the learner as soon as it is complete, so one update
 /// learns them together; prequential scoring learns them one by one.
-fn learn_four_epochs_at_once(scoring: Scoring) -> Seen {
+fn learn_four_epochs_at_once(options: GpOptions) -> Seen {
     timely::execute_directly(move |worker| {
         let (mut input, probe) = (InputHandleVec::new(), ProbeHandle::new());
         let seen = Rc::new(RefCell::new(Seen::default()));
         worker.dataflow::<u64, _, _>(|scope| {
-            learn_and_watch(scope.input_from(&mut input), learner(), scoring, &seen, &probe);
+            learn_and_watch(scope.input_from(&mut input), learner(), options, &seen, &probe);
         });
         for epoch in 0..4 {
             input.advance_to(epoch);
@@ -176,7 +182,7 @@ fn learn_four_epochs_at_once(scoring: Scoring) -> Seen {
 
 #[test]
 fn on_arrival_learns_the_epochs_that_closed_meanwhile_in_one_update() {
-    let together = learn_four_epochs_at_once(Scoring::OnArrival);
+    let together = learn_four_epochs_at_once(scoring_by(Scoring::OnArrival));
     let [update] = &together.updates[..] else {
         panic!("{} updates", together.updates.len())
     };
@@ -193,9 +199,88 @@ fn on_arrival_learns_the_epochs_that_closed_meanwhile_in_one_update() {
     assert_eq!(update.learner.predict(&grid).unwrap(), oracle.predict(&grid).unwrap());
     assert!(together.predictions.iter().all(|p| p.model_epoch.is_none()));
 
-    let one_by_one = learn_four_epochs_at_once(Scoring::Prequential);
+    let one_by_one = learn_four_epochs_at_once(scoring_by(Scoring::Prequential));
     let epochs: Vec<(u64, u64)> = one_by_one.updates.iter().map(|u| (u.from_epoch, u.epoch)).collect();
     assert_eq!(epochs, [(0, 0), (1, 1), (2, 2), (3, 3)]);
+}
+
+/// The model-only learner after `before` learned exactly the records of
+/// `epochs` that `update`'s sample kept, which must be the model `update`
+/// made; and the records it shed are the others.
+fn assert_learned_its_sample(before: &SequentialLearner, update: &ModelUpdate, epochs: &[Vec<Record>]) {
+    let span = update.from_epoch as usize..=update.epoch as usize;
+    let all: Vec<&Record> = epochs[span].iter().flatten().collect();
+    let kept: Vec<&Record> = all.iter().copied().filter(|r| update.sample.keeps(r.id)).collect();
+    assert_eq!(
+        update.shed,
+        (all.len() - kept.len()) as u64,
+        "epochs {}..={}",
+        update.from_epoch,
+        update.epoch
+    );
+    let mut oracle = before.clone();
+    let ids: Vec<i64> = kept.iter().map(|r| r.id).collect();
+    let x = DMatrix::from_fn(kept.len(), 1, |i, _| kept[i].features[0]);
+    let y = nalgebra::DVector::from_fn(kept.len(), |i, _| kept[i].label.unwrap());
+    oracle.update_with_ids(&ids, &Data::new(x, y).unwrap()).unwrap();
+    assert_eq!(update.learner.n_seen, oracle.n_seen);
+    let grid = DMatrix::from_fn(30, 1, |i, _| i as f64 / 5.0 - 3.0);
+    assert_eq!(update.learner.predict(&grid).unwrap(), oracle.predict(&grid).unwrap());
+}
+
+/// Four epochs waiting for an update, with scoring models allowed to lag
+/// two epochs: the pace aims at one epoch waiting, so that update learns a
+/// quarter of the records (those whose ids the sample keeps), the same
+/// model as learning exactly those, and says how many it shed.
+#[test]
+fn a_learner_behind_its_staleness_bound_learns_a_sample_and_counts_the_rest() {
+    let bounded = GpOptions {
+        max_staleness: Some(2),
+        ..scoring_by(Scoring::OnArrival)
+    };
+    let seen = learn_four_epochs_at_once(bounded);
+    let [update] = &seen.updates[..] else {
+        panic!("{} updates", seen.updates.len())
+    };
+    assert_eq!((update.from_epoch, update.epoch, update.sample.share()), (0, 3, 0.25));
+    let epochs: Vec<Vec<Record>> = (0..4).map(|e| records(e * 25..(e + 1) * 25, true)).collect();
+    assert_learned_its_sample(&learner(), update, &epochs);
+    assert!(update.shed > 50, "{} shed", update.shed);
+    // Every record was scored, shed or not.
+    assert_eq!(seen.predictions.len(), 100);
+}
+
+/// On two workers, each holding its own share of the records, a learner
+/// that falls behind keeps the same records of each update as the model-only
+/// learner would: every update is the model of its sample, and every
+/// labelled record is learned or shed once.
+#[test]
+fn on_two_workers_each_update_learns_the_sample_its_learner_picked() {
+    let epochs: Vec<Vec<Record>> = (0..8).map(|e| records(e * 40..(e + 1) * 40, true)).collect();
+    let options = GpOptions {
+        max_staleness: Some(2),
+        ..scoring_by(Scoring::OnArrival)
+    };
+    let outputs = common::operator::run_operator(
+        timely::Config::process(2),
+        &epochs,
+        learner(),
+        options,
+        common::operator::Feed::WorkerZero,
+    );
+    let mut before = learner();
+    let mut accounted = 0;
+    for update in &outputs.updates {
+        assert_learned_its_sample(&before, update, &epochs);
+        accounted += update.learner.n_seen - before.n_seen + update.shed;
+        before = update.learner.clone();
+    }
+    assert_eq!(accounted, 320);
+    // All eight epochs were in before the workers first ran, so an update
+    // learned several together, above the pace's target of one.
+    assert!(outputs.updates.iter().any(|u| u.shed > 0));
+    assert_eq!(outputs.updates.last().map(|u| u.epoch), Some(7));
+    assert_eq!(outputs.predictions.len(), 320);
 }
 
 /// Scoring on arrival while an update runs: the learner's work runs on a
@@ -213,7 +298,7 @@ fn on_arrival_records_are_scored_while_an_update_runs() {
             learn_and_watch(
                 scope.input_from(&mut input),
                 slow_learner(),
-                Scoring::OnArrival,
+                scoring_by(Scoring::OnArrival),
                 &seen,
                 &probe,
             );

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub updates: IntCounter,
     /// Updates that failed, the model left as it was (see `reduce_stage`).
     pub updates_failed: IntCounter,
+    /// Labelled records scored and not learned (`--max-staleness`).
+    pub records_shed: IntCounter,
     /// Epochs read (the most any worker has read).
     pub epochs: IntCounter,
     /// The most epochs any worker has read: workers raise `epochs` to it
@@ -59,6 +61,10 @@ impl Default for Metrics {
             updates_failed: counter(
                 "dualgp_updates_failed_total",
                 "Model updates that failed; the model stayed as it was before the epoch.",
+            ),
+            records_shed: counter(
+                "dualgp_records_shed_total",
+                "Labelled records scored and not learned, to hold the models within --max-staleness.",
             ),
             epochs: counter("dualgp_epochs_total", "Epochs read."),
             epochs_seen: Arc::default(),

@@ -38,6 +38,10 @@ pub struct PipelineConfig {
     /// Parquet, 2; as `serve` for Kafka, 16).
     #[serde(default)]
     pub epochs_in_flight: Option<u64>,
+    /// Kafka, scoring on arrival: the most epochs a record's model lags
+    /// behind it, about (as `serve --max-staleness`; default: unbounded).
+    #[serde(default)]
+    pub max_staleness: Option<u64>,
     /// prequential | on-arrival (default: prequential for Parquet, on-arrival for Kafka).
     pub scoring: Option<Scoring>,
     /// Kafka, scoring on arrival: the learner takes only idle cores (as
@@ -249,6 +253,7 @@ impl PipelineConfig {
                     peer_timeout: crate::serve::PEER_TIMEOUT_SECONDS,
                     max_record_bytes: *max_record_bytes,
                     epochs_in_flight: self.epochs_in_flight.unwrap_or(crate::serve::EPOCHS_IN_FLIGHT),
+                    max_staleness: self.max_staleness,
                     scoring: self.scoring.unwrap_or(Scoring::OnArrival),
                     learn_in_background: self.learn_in_background.unwrap_or(false),
                     metrics_port: *metrics_port,

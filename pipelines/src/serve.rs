@@ -139,6 +139,13 @@ pub struct ServeArgs {
     /// the most epochs a record's model can lag behind it.
     #[arg(long, default_value_t = EPOCHS_IN_FLIGHT)]
     pub epochs_in_flight: u64,
+    /// Scoring on arrival, hold a record's model to about this many epochs
+    /// behind it: a learner that cannot keep up learns a sample of each
+    /// update's records (counted as shed), not every one. Below
+    /// --epochs-in-flight. Unset: every record is learned, and reading
+    /// waits for the learner once it is --epochs-in-flight behind.
+    #[arg(long, value_name = "EPOCHS")]
+    pub max_staleness: Option<u64>,
     /// on-arrival: each record scored at once with the newest model its
     /// worker holds; prequential: once every earlier epoch is learned.
     #[arg(long, default_value_t = Scoring::OnArrival)]
@@ -188,6 +195,9 @@ pub struct ServeSummary {
     pub updates: u64,
     /// Updates that failed in this run (the model stayed as it was).
     pub failed_updates: u64,
+    /// Labelled records scored but not learned, to hold the models within
+    /// `--max-staleness` (process 0).
+    pub shed: u64,
     /// The newest epoch checkpointed (process 0).
     pub last_checkpoint: Option<u64>,
     /// The newest epoch whose offsets commit the broker acknowledged (process 0).
@@ -214,6 +224,10 @@ impl ServeSummary {
             Some(e) => format!(", the model learned through epoch {e}"),
             None => String::new(),
         };
+        let shed = match self.shed {
+            0 => String::new(),
+            n => format!(" ({} shed by --max-staleness)", counted(n, "labelled record")),
+        };
         let committed = match (cluster.writes_outputs(), self.committed_epoch) {
             (true, Some(c)) => {
                 // The first epoch of those after the last that brought records.
@@ -236,7 +250,7 @@ impl ServeSummary {
             ),
         };
         format!(
-            "{} scored{scored}, {} sent, {}; {} ({} failed){learned}; {committed}",
+            "{} scored{scored}, {} sent, {}; {} ({} failed){learned}{shed}; {committed}",
             counted(self.records, "record"),
             counted(self.predictions, "prediction"),
             counted(self.dead_letters, "dead letter"),
@@ -267,6 +281,17 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     }
     if args.epochs_in_flight == 0 {
         bail!("--epochs-in-flight 0: allow at least one epoch in flight");
+    }
+    if let Some(bound) = args.max_staleness {
+        if bound == 0 || bound >= args.epochs_in_flight {
+            bail!(
+                "--max-staleness {bound} must be at least 1 and below --epochs-in-flight ({}), which stops reading first",
+                args.epochs_in_flight
+            );
+        }
+        if args.scoring == Scoring::Prequential {
+            bail!("--max-staleness bounds on-arrival scoring; prequential scoring waits for every earlier epoch");
+        }
     }
     if args.max_record_bytes == 0 {
         bail!("--max-record-bytes 0: a record needs at least one byte");
@@ -363,6 +388,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         learn_in_background: args.learn_in_background && args.scoring == Scoring::OnArrival,
         predict_all_outputs: args.predict_all_outputs,
         epochs_in_flight: args.epochs_in_flight,
+        max_staleness: args.max_staleness,
         workers: args.workers,
         serving: serving.clone(),
         leader: Mutex::new(leader),
@@ -399,6 +425,7 @@ pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
         epochs: read.map_or(0, |(a, b)| b - a + 1),
         updates: metrics.updates.get(),
         failed_updates: metrics.updates_failed.get(),
+        shed: metrics.records_shed.get(),
         last_checkpoint: outcomes.iter().filter_map(|o| o.checkpointed).max(),
         committed_epoch: outcomes.iter().filter_map(|o| o.committed).max(),
         epochs_read: read,
@@ -464,6 +491,7 @@ struct Plan {
     learn_in_background: bool,
     predict_all_outputs: bool,
     epochs_in_flight: u64,
+    max_staleness: Option<u64>,
     /// Workers in this process.
     workers: usize,
     serving: Serving,
@@ -512,6 +540,7 @@ fn serve_worker(worker: &mut Worker, plan: &Plan) -> WorkerOutcome {
             predict_all_outputs: plan.predict_all_outputs,
             // serve's workers park when idle, as a background learner needs.
             learn_in_background: plan.learn_in_background,
+            max_staleness: plan.max_staleness,
             ..GpOptions::new(d)
         },
         learner: opening.learner,

@@ -53,6 +53,15 @@ fn banana_messages() -> Vec<(i64, String)> {
         .collect()
 }
 
+/// A broker with the input topics made, a checkpoint directory, and
+/// banana's messages.
+fn a_broker_checkpoints_and_banana() -> (Broker, String, tempfile::TempDir, Vec<(i64, String)>) {
+    let broker = Broker::start();
+    let address = broker.address();
+    create_input(&address);
+    (broker, address, tempfile::tempdir().unwrap(), banana_messages())
+}
+
 /// Messages keyed by their id, as `produce` sends them.
 fn keyed(messages: &[(i64, String)]) -> Vec<(String, String)> {
     messages.iter().map(|(id, m)| (id.to_string(), m.clone())).collect()
@@ -159,12 +168,7 @@ fn predictions(address: &str, expected: usize) -> BTreeMap<i64, Vec<Option<u64>>
 
 #[test]
 fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dead_letters() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_input(&address);
-    let checkpoints = tempfile::tempdir().unwrap();
-
-    let messages = banana_messages();
+    let (_broker, address, checkpoints, messages) = a_broker_checkpoints_and_banana();
     let (first, second) = messages.split_at(300);
     let mut batch = keyed(first);
     let malformed = [
@@ -232,6 +236,56 @@ fn every_record_is_scored_exactly_once_across_a_restart_and_bad_messages_are_dea
     assert!(
         text.contains("matern52, ARD over 2 inputs") && text.contains("400 records"),
         "{text}"
+    );
+}
+
+/// The labelled records a summary line says were shed by `--max-staleness`.
+fn shed_in(summary: &str) -> u64 {
+    let Some((before, _)) = summary.split_once(" labelled record") else {
+        return 0;
+    };
+    before.rsplit('(').next().unwrap().trim().parse().unwrap()
+}
+
+/// With `--max-staleness`, a learner too slow for the stream (epochs of ten
+/// records read as fast as the broker gives them, M-steps of 100 iterations
+/// that never stop early) learns a sample of what waits: every record is
+/// scored once, and every label is learned or shed once, across a restart
+/// from the checkpoint too.
+#[test]
+fn a_learner_held_to_a_staleness_bound_learns_or_sheds_each_label_once_across_a_restart() {
+    let (_broker, address, checkpoints, messages) = a_broker_checkpoints_and_banana();
+    let (first, second) = messages.split_at(300);
+    let run = |records: &[(i64, String)]| {
+        produce(&address, "in", &keyed(records), 2);
+        let out = serve_command(&address, "in", "out")
+            .args(["--likelihood", "bernoulli", "--inducing", "30", "--batch-size", "10"])
+            .args(["--m-steps", "100", "--m-tolerance", "0", "--max-staleness", "2"])
+            .args(["--workers", "2", "--idle-exit", "3"])
+            .args(["--checkpoint-dir", checkpoints.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    };
+    let first_run = run(first);
+    assert!(first_run.contains("300 records scored"), "{first_run}");
+    let shed = shed_in(&first_run);
+    assert!(shed > 0, "the learner kept up: {first_run}");
+    let second_run = run(second);
+    assert!(second_run.contains("100 records scored"), "{second_run}");
+    let seen = predictions(&address, 400);
+    assert_eq!(seen.len(), 400);
+    assert!(seen.values().all(|p| p.len() == 1), "scored twice");
+
+    let out = dualgp(&["inspect", checkpoints.path().to_str().unwrap(), "--json"]);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let learned = summary["records_seen"].as_u64().unwrap();
+    assert_eq!(
+        learned + shed + shed_in(&second_run),
+        400,
+        "{first_run}{second_run}{summary}"
     );
 }
 
@@ -382,6 +436,20 @@ fn create_topics_creates_the_input_and_serve_says_what_it_does() {
 fn no_epochs_in_flight_is_refused_with_the_flag_named() {
     let stderr = refused(&format!("127.0.0.1:{}", free_port()), &["--epochs-in-flight", "0"]);
     assert!(stderr.contains("--epochs-in-flight 0"), "{stderr}");
+}
+
+/// A staleness bound that reading would reach first, or one on prequential
+/// scoring (which waits for every update), is refused before any broker is asked.
+#[test]
+fn a_staleness_bound_that_cannot_act_is_refused_with_the_flags_named() {
+    let address = format!("127.0.0.1:{}", free_port());
+    let stderr = refused(&address, &["--max-staleness", "16"]);
+    assert!(
+        stderr.contains("--max-staleness 16") && stderr.contains("--epochs-in-flight (16)"),
+        "{stderr}"
+    );
+    let stderr = refused(&address, &["--max-staleness", "4", "--scoring", "prequential"]);
+    assert!(stderr.contains("prequential"), "{stderr}");
 }
 
 #[test]

@@ -39,6 +39,7 @@ mod partition_stage;
 pub mod record;
 mod reduce_stage;
 mod repeats;
+mod sample;
 mod shard_thread;
 
 pub use checkpoint::{
@@ -51,3 +52,4 @@ pub use learn::{GpStreams, LearnGp};
 pub use options::{GpOptions, Scoring};
 pub use record::{Prediction, Record, Rejected};
 pub use reduce_stage::ModelUpdate;
+pub use sample::Sample;

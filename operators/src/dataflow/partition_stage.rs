@@ -16,6 +16,7 @@ use super::options::Round;
 use super::options::{GpOptions, Scoring};
 use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
+use super::sample::UpdateBatch;
 use super::shard_thread::{answer_jobs, ShardDone, ShardJob, ShardMaker};
 use crate::model::dual::blocks::route;
 use crate::model::dual::point::PointId;
@@ -116,7 +117,7 @@ pub(super) struct Start {
 
 pub(super) fn partition_stage<'scope>(
     records: StreamVec<'scope, Round, Arrival>,
-    queries: StreamVec<'scope, Round, Query>,
+    queries: StreamVec<'scope, Round, (Query, UpdateBatch)>,
     start: Start,
 ) -> StreamVec<'scope, Round, StageOutput> {
     let scope = records.scope();
@@ -163,8 +164,9 @@ struct PartitionWorker {
     scorer: Scorer,
     /// Epochs not yet handed to the learner.
     pending: BTreeMap<u64, Pending>,
-    /// The learner's questions not yet sent to the shard's thread.
-    asked: Vec<(Capability<Round>, Query)>,
+    /// The learner's questions not yet sent to the shard's thread, each
+    /// with the records its update learns.
+    asked: Vec<(Capability<Round>, (Query, UpdateBatch))>,
     /// Labelled records handed to the learner and not yet learned, by epoch.
     ready: BTreeMap<u64, Vec<Record>>,
     /// The question the shard's thread is answering.
@@ -225,7 +227,7 @@ impl PartitionWorker {
     }
 
     /// Takes the learner's questions of one round.
-    fn asked(&mut self, cap: Capability<Round>, queries: impl Iterator<Item = Query>) {
+    fn asked(&mut self, cap: Capability<Round>, queries: impl Iterator<Item = (Query, UpdateBatch)>) {
         self.asked.extend(queries.map(|q| (cap.clone(), q)));
         // The learner asks one question at a time, so answering in time order is answering in turn.
         self.asked.sort_by(|a, b| a.0.time().cmp(b.0.time()));
@@ -260,19 +262,27 @@ impl PartitionWorker {
             if self.asked.is_empty() {
                 break;
             }
-            let (cap, query) = self.asked.remove(0);
+            let (cap, (query, batch)) = self.asked.remove(0);
             let epoch = cap.time().0;
             // An update runs at the time of the last epoch it learns.
-            let records = (self.shard_epoch != Some(epoch)).then(|| {
-                let rest = self.ready.split_off(&(epoch + 1));
-                std::mem::replace(&mut self.ready, rest)
-            });
+            let records = (self.shard_epoch != Some(epoch)).then(|| self.take_ready(epoch, batch));
             self.shard_epoch = Some(epoch);
             // Refused only by a thread that is gone, which the next poll reports.
             let _ = self.shard_thread.send(ShardJob { records, query });
             self.answering = Some(cap);
         }
         out
+    }
+
+    /// The held records an update through `epoch` learns; those it does not
+    /// learn are let go.
+    fn take_ready(&mut self, epoch: u64, batch: UpdateBatch) -> BTreeMap<u64, Vec<Record>> {
+        let rest = self.ready.split_off(&(epoch + 1));
+        let mut learned = std::mem::replace(&mut self.ready, rest).split_off(&batch.from_epoch);
+        for records in learned.values_mut() {
+            records.retain(|r| batch.sample.keeps(r.id));
+        }
+        learned
     }
 
     /// Holds arriving records for their epoch; scoring on arrival, scores

@@ -24,7 +24,8 @@ use timely::scheduling::SyncActivator;
 
 use super::beside::{Beside, Jobs, Polled, Results};
 use super::health::{panic_message, unusable};
-use super::options::{GpOptions, Round};
+use super::options::{GpOptions, Round, Scoring};
+use super::sample::{Pace, Sample, UpdateBatch};
 use crate::model::{Answer, Query, SequentialLearner, Shards, UpdateReport};
 
 /// The learner after an epoch's update: the new model and a checkpointable state.
@@ -40,11 +41,19 @@ pub struct ModelUpdate {
     pub outcome: Result<UpdateReport, String>,
     /// The learner after the epoch (as before it when the update failed).
     pub learner: SequentialLearner,
+    /// The share of its epochs' labelled records the update learned: all of
+    /// them unless the learner fell behind a bound of staleness
+    /// ([`GpOptions::max_staleness`]).
+    pub sample: Sample,
+    /// Labelled records scored since the update before and not learned, to
+    /// hold the models within that bound.
+    pub shed: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) enum ReduceOutput {
-    Query(Box<Query>),
+    /// The learner's next question, and which records its update learns.
+    Query(Box<Query>, UpdateBatch),
     Update(Box<ModelUpdate>),
 }
 
@@ -204,10 +213,11 @@ pub(super) type WorkerAnswer = Result<Answer, String>;
 /// The answers of one round, under the capability to reply.
 type Answers = (Capability<Round>, Vec<(usize, WorkerAnswer)>);
 
-/// One update in progress: its first epoch, and the round whose answers
-/// the learner's thread is working on.
+/// One update in progress: the records it learns, the records it sheds,
+/// and the round whose answers the learner's thread is working on.
 struct Running {
-    from_epoch: u64,
+    batch: UpdateBatch,
+    shed: u64,
     waiting: Option<Capability<Round>>,
 }
 
@@ -254,6 +264,10 @@ struct Reducer {
     stash: BTreeMap<Round, Answers>,
     max_epochs: usize,
     peers: usize,
+    pace: Pace,
+    /// Records shed by updates that kept none of their batch, and so were
+    /// not run: the next update reports them.
+    shed_unreported: u64,
 }
 
 impl Reducer {
@@ -270,6 +284,11 @@ impl Reducer {
             stash: BTreeMap::new(),
             max_epochs: options.max_epochs_per_update,
             peers,
+            pace: Pace::new(match options.scoring {
+                Scoring::OnArrival => options.max_staleness,
+                Scoring::Prequential => None,
+            }),
+            shed_unreported: 0,
         }
     }
 
@@ -321,15 +340,17 @@ impl Reducer {
             Polled::Gone => panic!("the learner's thread stopped outside an update"),
         };
         match step {
-            Step::Asks(query) => Moved::Sent(cap, ReduceOutput::Query(query)),
+            Step::Asks(query) => Moved::Sent(cap, ReduceOutput::Query(query, run.batch)),
             Step::Ended { learner, outcome } => {
-                let from_epoch = run.from_epoch;
+                let (batch, shed) = (run.batch, run.shed);
                 self.running = None;
                 let update = ModelUpdate {
                     epoch: cap.time().0,
-                    from_epoch,
+                    from_epoch: batch.from_epoch,
                     outcome,
                     learner: *learner,
+                    sample: batch.sample,
+                    shed,
                 };
                 Moved::Sent(cap, ReduceOutput::Update(Box::new(update)))
             }
@@ -357,11 +378,12 @@ impl Reducer {
         }
         // Worker order (then epoch order): the sums do not depend on which worker answered first.
         answers.sort_by_key(|a| a.0);
-        let merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
+        let mut merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
             a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
         });
+        let begun = begins.then(|| self.sample(&mut merged, from_epoch, cap.time().0));
         if begins && matches!(merged, Ok(Answer::Nothing)) {
-            return; // no worker had a labelled record
+            return; // no worker had a labelled record, or the sample kept none
         }
         let job = match (begins, merged) {
             (true, Ok(arrivals)) => Job::Begin { arrivals },
@@ -370,17 +392,36 @@ impl Reducer {
             // Its thread, waiting for this answer, ends the update with the reason.
             (false, Err(why)) => Job::Abort(why),
         };
-        let run = match (begins, self.running.as_mut()) {
-            (false, Some(run)) => run,
-            (true, _) => self.running.insert(Running {
-                from_epoch,
+        let run = match (begun, self.running.as_mut()) {
+            (None, Some(run)) => run,
+            (Some((batch, shed)), _) => self.running.insert(Running {
+                batch,
+                shed,
                 waiting: None,
             }),
-            (false, None) => unreachable!("answers arrive only to an update's questions"),
+            (None, None) => unreachable!("answers arrive only to an update's questions"),
         };
         // Refused only by a thread that is gone, which the next poll reports.
         let _ = self.thread.send(job);
         run.waiting = Some(cap);
+    }
+
+    /// Picks the records an update of epochs `from_epoch..=to_epoch` learns
+    /// and keeps only theirs of the batch's `arrivals`: the update's batch,
+    /// and the records it sheds (with those of updates that kept none).
+    fn sample(&mut self, arrivals: &mut WorkerAnswer, from_epoch: u64, to_epoch: u64) -> (UpdateBatch, u64) {
+        let sample = self.pace.sample_for(to_epoch + 1 - from_epoch);
+        let mut shed = std::mem::take(&mut self.shed_unreported);
+        if let Ok(Answer::Arrivals(rows)) = arrivals {
+            let arrived = rows.len();
+            rows.retain(|(point, _)| sample.keeps(point.id));
+            shed += (arrived - rows.len()) as u64;
+            if rows.is_empty() {
+                *arrivals = Ok(Answer::Nothing);
+                self.shed_unreported = shed;
+            }
+        }
+        (UpdateBatch { from_epoch, sample }, shed)
     }
 }
 

@@ -246,17 +246,20 @@ impl Ends for KafkaEnds {
             })
             .probe_with(&self.delivery)
             .probe_with(probe);
-        let updates = gp.updates.inspect(move |u| match &u.outcome {
-            Ok(_) => {
-                m3.updates.inc();
-                t3.learned(u.epoch);
-            }
-            Err(why) => {
-                m3.updates_failed.inc();
-                tracing::error!(
-                    "epoch {} could not be learned, the model stays as it was: {why}",
-                    u.epoch
-                );
+        let updates = gp.updates.inspect(move |u| {
+            m3.records_shed.inc_by(u.shed);
+            match &u.outcome {
+                Ok(_) => {
+                    m3.updates.inc();
+                    t3.learned(u.epoch);
+                }
+                Err(why) => {
+                    m3.updates_failed.inc();
+                    tracing::error!(
+                        "epoch {} could not be learned, the model stays as it was: {why}",
+                        u.epoch
+                    );
+                }
             }
         });
         let positions = scope.input_from(self.positions.handle());

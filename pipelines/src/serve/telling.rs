@@ -161,8 +161,12 @@ fn progress_line(started: Instant, metrics: &Metrics, tally: &Tally) -> String {
         (None, Some(e)) => format!("the prior scoring epoch {e}"),
         (_, None) => "nothing scored yet".into(),
     };
+    let shed = match metrics.records_shed.get() {
+        0 => String::new(),
+        n => format!(", {n} shed"),
+    };
     format!(
-        "{:.0} s: {}, {}, {} ({model}), {}",
+        "{:.0} s: {}, {}, {} ({model}{shed}), {}",
         started.elapsed().as_secs_f64(),
         counted(metrics.records_in.get(), "record"),
         counted(metrics.predictions_out.get(), "prediction"),
