@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use dualgp::operators::dataflow::{Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
+use dualgp::operators::dataflow::{Checkpoint, CheckpointStore};
 use dualgp::operators::model::{
     Data, EStepConfig, Family, Kernel, Likelihood, MemoryPolicy, SequentialConfig, SequentialLearner,
 };
@@ -51,12 +51,7 @@ fn main() {
     let learner = learner();
     let mut seconds: Vec<f64> = (0..WRITES as u64)
         .map(|epoch| {
-            let checkpoint = Checkpoint {
-                version: CHECKPOINT_VERSION,
-                epoch,
-                learner: learner.clone(),
-                positions: vec![epoch],
-            };
+            let checkpoint = Checkpoint::new(epoch, learner.clone(), vec![epoch]);
             let start = Instant::now();
             store.save(&checkpoint).unwrap();
             start.elapsed().as_secs_f64()

@@ -210,12 +210,7 @@ fn three_checkpoints() -> (tempfile::TempDir, CheckpointStore) {
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::new(dir.path(), 3).unwrap();
     for epoch in 1..=3 {
-        let checkpoint = Checkpoint {
-            version: dualgp_operators::dataflow::CHECKPOINT_VERSION,
-            epoch,
-            learner: learner(),
-            positions: vec![10 * epoch],
-        };
+        let checkpoint = Checkpoint::new(epoch, learner(), vec![10 * epoch]);
         store.save(&checkpoint).unwrap();
     }
     (dir, store)
@@ -317,12 +312,7 @@ fn the_next_save_removes_what_a_write_killed_midway_left() {
     let (dir, store) = three_checkpoints();
     let left = dir.path().join(".checkpoint-00000000000000000004.json.partial");
     std::fs::write(&left, b"{\"version\":").unwrap();
-    let checkpoint = Checkpoint {
-        version: dualgp_operators::dataflow::CHECKPOINT_VERSION,
-        epoch: 5,
-        learner: learner(),
-        positions: vec![50],
-    };
+    let checkpoint = Checkpoint::new(5, learner(), vec![50]);
     store.save(&checkpoint).unwrap();
     assert!(!left.exists(), "a partial write outlived the next checkpoint");
     let files = std::fs::read_dir(dir.path()).unwrap().count();

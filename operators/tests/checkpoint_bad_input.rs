@@ -8,7 +8,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::{kernel, regression_data, small_config};
-use dualgp_operators::dataflow::{read_checkpoint, Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
+use dualgp_operators::dataflow::{read_checkpoint, Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Likelihood, MemoryPolicy, SequentialConfig, SequentialLearner, StreamingLearner};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -35,12 +35,7 @@ fn valid() -> &'static [u8] {
         }
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(dir.path(), 1).unwrap();
-        let checkpoint = Checkpoint {
-            version: CHECKPOINT_VERSION,
-            epoch: 1,
-            learner,
-            positions: vec![vec![3u64, 4]],
-        };
+        let checkpoint = Checkpoint::new(1, learner, vec![vec![3u64, 4]]);
         std::fs::read(store.save(&checkpoint).unwrap()).unwrap()
     })
 }

@@ -131,20 +131,75 @@ impl TestScores {
     }
 }
 
-/// Test metrics of each output of a multi-output model on its own test rows
-/// (keys are the output indices; an output without test rows is left out).
-/// Empty for a single-output model.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ByOutput {
-    /// NLPD per output.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub test_nlpd_by_output: BTreeMap<String, f64>,
-    /// RMSE per output with real labels.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub test_rmse_by_output: BTreeMap<String, f64>,
-    /// Accuracy per output with classes.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub test_accuracy_by_output: BTreeMap<String, f64>,
+/// Test metrics of each group of test rows (each output of a multi-output
+/// model, or each task of a test file with a `task` column), keyed by the
+/// group's number; written as `test_nlpd_by_<group>`, `test_rmse_by_…`
+/// (real labels) and `test_accuracy_by_…` (classes), each left out when
+/// empty, as are groups without test rows.
+#[derive(Debug, Clone, Default)]
+pub struct ByGroup<G> {
+    /// NLPD by group.
+    pub nlpd: BTreeMap<String, f64>,
+    /// RMSE by group with real labels.
+    pub rmse: BTreeMap<String, f64>,
+    /// Accuracy by group with classes.
+    pub accuracy: BTreeMap<String, f64>,
+    group: std::marker::PhantomData<G>,
+}
+
+/// What the rows of a [`ByGroup`] are grouped by.
+pub trait Group {
+    /// The keys' suffix: `output`, `task`.
+    const NAME: &'static str;
+}
+
+/// Each output of a multi-output model (empty for a single output).
+#[derive(Debug, Clone, Default)]
+pub struct Outputs;
+
+impl Group for Outputs {
+    const NAME: &'static str = "output";
+}
+
+/// Each task of the test rows (the paper's Table 2, one row per batch; empty without a `task` column).
+#[derive(Debug, Clone, Default)]
+pub struct Tasks;
+
+impl Group for Tasks {
+    const NAME: &'static str = "task";
+}
+
+/// Test metrics per output.
+pub type ByOutput = ByGroup<Outputs>;
+
+/// Test metrics per task.
+pub type ByTask = ByGroup<Tasks>;
+
+impl<G> ByGroup<G> {
+    /// Adds group `key`'s metrics.
+    fn insert(&mut self, key: impl ToString, m: &Metrics) {
+        let key = key.to_string();
+        self.nlpd.insert(key.clone(), m.nlpd);
+        if let Some(rmse) = m.rmse {
+            self.rmse.insert(key.clone(), rmse);
+        }
+        if let Some(accuracy) = m.accuracy {
+            self.accuracy.insert(key, accuracy);
+        }
+    }
+}
+
+impl<G: Group> Serialize for ByGroup<G> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (metric, values) in [("nlpd", &self.nlpd), ("rmse", &self.rmse), ("accuracy", &self.accuracy)] {
+            if !values.is_empty() {
+                map.serialize_entry(&format!("test_{metric}_by_{}", G::NAME), values)?;
+            }
+        }
+        map.end()
+    }
 }
 
 impl ByOutput {
@@ -152,38 +207,15 @@ impl ByOutput {
     /// entries; nothing for a single-output `likelihood`.
     fn new(likelihood: &Likelihood, metrics: &[Option<Metrics>]) -> ByOutput {
         let mut out = ByOutput::default();
-        if !matches!(likelihood, Likelihood::MultiOutput(_)) {
-            return out;
-        }
-        for (d, m) in metrics.iter().enumerate() {
-            let Some(m) = m else { continue };
-            let key = d.to_string();
-            out.test_nlpd_by_output.insert(key.clone(), m.nlpd);
-            if let Some(rmse) = m.rmse {
-                out.test_rmse_by_output.insert(key.clone(), rmse);
-            }
-            if let Some(accuracy) = m.accuracy {
-                out.test_accuracy_by_output.insert(key, accuracy);
+        if matches!(likelihood, Likelihood::MultiOutput(_)) {
+            for (d, m) in metrics.iter().enumerate() {
+                if let Some(m) = m {
+                    out.insert(d, m);
+                }
             }
         }
         out
     }
-}
-
-/// Test metrics for each task of a test file with a `task` column (keys are
-/// the task numbers): the paper's Table 2, one row per batch. Empty without
-/// such a column.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ByTask {
-    /// NLPD per task.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub test_nlpd_by_task: BTreeMap<String, f64>,
-    /// RMSE per task (real labels).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub test_rmse_by_task: BTreeMap<String, f64>,
-    /// Accuracy per task (classes).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub test_accuracy_by_task: BTreeMap<String, f64>,
 }
 
 /// The figures after the last batch.
@@ -551,15 +583,7 @@ impl TestTasks {
     fn score(&self, mut score: impl FnMut(&Data) -> Result<Metrics>) -> Result<ByTask> {
         let mut out = ByTask::default();
         for (task, data) in &self.0 {
-            let m = score(data)?;
-            let key = task.to_string();
-            out.test_nlpd_by_task.insert(key.clone(), m.nlpd);
-            if let Some(rmse) = m.rmse {
-                out.test_rmse_by_task.insert(key.clone(), rmse);
-            }
-            if let Some(accuracy) = m.accuracy {
-                out.test_accuracy_by_task.insert(key, accuracy);
-            }
+            out.insert(task, &score(data)?);
         }
         Ok(out)
     }

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use dualgp_operators::dataflow::{read_checkpoint, with_checksum, Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
+use dualgp_operators::dataflow::{read_checkpoint, with_checksum, Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Likelihood, SequentialLearner, StreamingLearner};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -57,12 +57,7 @@ impl SavedModel {
     /// Writes the model to `path` atomically (a temporary file beside it,
     /// synced, then renamed).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let checkpoint = Checkpoint {
-            version: CHECKPOINT_VERSION,
-            epoch: self.epoch,
-            learner: self.learner.clone(),
-            positions: Vec::new(),
-        };
+        let checkpoint = Checkpoint::new(self.epoch, self.learner.clone(), Vec::new());
         // Checked on reading, as a checkpoint is: a damaged file is refused, not half-read.
         let bytes = with_checksum(serde_json::to_vec(&ModelFile {
             checkpoint: &checkpoint,

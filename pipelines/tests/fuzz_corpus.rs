@@ -19,7 +19,7 @@ use arrow::datatypes::{Field, Schema};
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 use dualgp_connectors::kafka::KafkaPosition;
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
+use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 use dualgp_operators::model::{
     Data, Family, Kernel, Likelihood, MemoryPolicy, SequentialConfig, SequentialLearner, StreamingLearner,
 };
@@ -183,12 +183,7 @@ fn checkpoint_file(learned: bool) -> Vec<u8> {
     };
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::new(dir.path(), 1).unwrap();
-    let checkpoint = Checkpoint {
-        version: CHECKPOINT_VERSION,
-        epoch: 1,
-        learner,
-        positions: vec![position],
-    };
+    let checkpoint = Checkpoint::new(1, learner, vec![position]);
     std::fs::read(store.save(&checkpoint).unwrap()).unwrap()
 }
 

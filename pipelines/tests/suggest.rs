@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Float64Array, Int64Array};
 use common::{assert_fails_with, dualgp};
-use dualgp_operators::dataflow::{Checkpoint, CheckpointStore, CHECKPOINT_VERSION};
+use dualgp_operators::dataflow::{Checkpoint, CheckpointStore};
 use dualgp_operators::model::{Data, Likelihood, SequentialLearner};
 use dualgp_pipelines::model_args::ModelArgs;
 use dualgp_pipelines::protocol::Standardizer;
@@ -109,13 +109,7 @@ fn checkpoint_dir(dir: &Path, likelihood: Likelihood) -> PathBuf {
     .unwrap();
     learner.update(&data).unwrap();
     let store = CheckpointStore::new(dir, 3).unwrap();
-    let checkpoint = Checkpoint {
-        version: CHECKPOINT_VERSION,
-        epoch: 0,
-        learner,
-        // Where serve's stream stood: suggest has no use for it.
-        positions: Vec::<u64>::new(),
-    };
+    let checkpoint = Checkpoint::new(0, learner, Vec::<u64>::new());
     store.save(&checkpoint).unwrap();
     std::fs::write(dir.join("scaling.json"), serde_json::to_vec(&scaling).unwrap()).unwrap();
     dir.to_path_buf()

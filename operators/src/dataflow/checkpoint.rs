@@ -33,6 +33,18 @@ pub struct Checkpoint<P> {
     pub positions: Vec<P>,
 }
 
+impl<P> Checkpoint<P> {
+    /// The checkpoint of `learner` after `epoch`, with the sources at `positions`, in this code's format.
+    pub fn new(epoch: u64, learner: SequentialLearner, positions: Vec<P>) -> Self {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            epoch,
+            learner,
+            positions,
+        }
+    }
+}
+
 /// Why a checkpoint could not be written or read back.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -316,11 +328,14 @@ pub trait WriteCheckpoints<'scope> {
     /// never reported (its stream closed first) gets none: resuming there
     /// would skip that worker's records. Only worker 0 writes: the other
     /// workers may pass `None` (a process of a cluster without the directory).
-    fn write_checkpoints<P>(
+    fn write_checkpoints<P: Position>(
         self,
         positions: Positions<'scope, P>,
         store: impl Into<Option<CheckpointStore>>,
-    ) -> Saved<'scope>
-    where
-        P: timely::ExchangeData + Clone + Serialize;
+    ) -> Saved<'scope>;
 }
+
+/// A source position a checkpoint can hold: sent between workers, saved as JSON.
+pub trait Position: timely::ExchangeData + Clone + Serialize {}
+
+impl<P: timely::ExchangeData + Clone + Serialize> Position for P {}

@@ -16,7 +16,7 @@ use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 use timely::scheduling::SyncActivator;
 
-use super::checkpoint::{Checkpoint, CheckpointStore, Positions, Saved, WriteCheckpoints, CHECKPOINT_VERSION};
+use super::checkpoint::{Checkpoint, CheckpointStore, Position, Positions, Saved, WriteCheckpoints};
 use super::reduce_stage::ModelUpdate;
 
 /// What became of one checkpoint: its epoch, or why it was not saved.
@@ -75,14 +75,11 @@ impl<P: Serialize + Send + 'static> Writer<P> {
 }
 
 impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
-    fn write_checkpoints<P>(
+    fn write_checkpoints<P: Position>(
         self,
         positions: Positions<'scope, P>,
         store: impl Into<Option<CheckpointStore>>,
-    ) -> Saved<'scope>
-    where
-        P: timely::ExchangeData + Clone + Serialize,
-    {
+    ) -> Saved<'scope> {
         let store = store.into();
         let to_first = Exchange::new(|_: &(usize, P)| 0);
         let scope = self.scope();
@@ -123,12 +120,7 @@ impl<'scope> WriteCheckpoints<'scope> for StreamVec<'scope, u64, ModelUpdate> {
                     if at.len() < peers {
                         continue;
                     }
-                    let checkpoint = Checkpoint {
-                        version: CHECKPOINT_VERSION,
-                        epoch,
-                        learner: update.learner,
-                        positions: at.into_iter().map(|p| p.1).collect(),
-                    };
+                    let checkpoint = Checkpoint::new(epoch, update.learner, at.into_iter().map(|p| p.1).collect());
                     let w = writer.get_or_insert_with(|| match unstarted.take() {
                         Some((store, wake)) => {
                             Writer::start(store, wake).map_err(|e| format!("cannot start the checkpoint writer: {e}"))
