@@ -26,7 +26,6 @@ impl Sample {
         if share >= 1.0 || share.is_nan() {
             return Sample::ALL;
         }
-        // Exact for the shares the pace makes (powers of two and their products with small factors).
         let keep_below = (share.max(0.0) * 2f64.powi(64)) as u64;
         Sample { keep_below }
     }
