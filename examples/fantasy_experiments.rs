@@ -27,7 +27,7 @@ use dualgp::model::fantasy::{propose_batch, Acquisition, Conditioned, ExactGp, F
 use dualgp::model::{Data, Likelihood, StreamingLearner};
 use dualgp::pipelines::model_args::{Method, ModelArgs, Settings};
 use dualgp::pipelines::protocol::{fold_split, prepare, Order};
-use dualgp::pipelines::report::{quartile_curves, Curve};
+use dualgp::pipelines::report::{quartile_curves, Curve, LogAxes};
 use nalgebra::{DMatrix, DVector};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -497,7 +497,7 @@ fn bayesian_optimisation(
             &title,
             "evaluations",
             "simple regret",
-            true,
+            LogAxes { x: false, y: true },
             &plotted,
         )?;
     }
@@ -549,7 +549,7 @@ fn active_learning(seeds: u64, out: &Path, settings: &Settings) -> Result<()> {
         &title("accuracy"),
         "labels",
         "accuracy",
-        false,
+        LogAxes::default(),
         &accuracy,
     )?;
     quartile_curves(
@@ -557,7 +557,7 @@ fn active_learning(seeds: u64, out: &Path, settings: &Settings) -> Result<()> {
         &title("NLPD"),
         "labels",
         "NLPD",
-        false,
+        LogAxes::default(),
         &nlpd,
     )?;
     std::fs::write(out.join("active.json"), serde_json::to_string_pretty(&report)?)?;

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
 
-use crate::report::{quartile_curves, Curve};
+use crate::report::{quartile_curves, Curve, LogAxes};
 
 /// `dualgp curves`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -21,6 +21,10 @@ pub struct CurvesArgs {
     /// The batch entries' field to draw: test_rmse, test_nlpd, test_accuracy or seconds
     #[arg(long, default_value = "test_rmse")]
     pub metric: String,
+    /// What the x axis counts: batches learned, or the seconds the updates
+    /// took so far (on a log scale, as seed 000's Fig. 7)
+    #[arg(long, value_enum, default_value_t = Against::Batches)]
+    pub against: Against,
     /// The figure's title
     #[arg(long, default_value = "")]
     pub title: String,
@@ -29,32 +33,49 @@ pub struct CurvesArgs {
     pub output: PathBuf,
 }
 
+/// The x axis of `dualgp curves`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Against {
+    /// Batches learned.
+    Batches,
+    /// Seconds the updates took so far, on a log scale.
+    Seconds,
+}
+
 /// Draws the figure; returns how many curves it holds.
 pub fn run(args: &CurvesArgs) -> Result<usize> {
     let series = args
         .reports
         .iter()
-        .map(|given| read_series(given, &args.metric))
+        .map(|given| read_series(given, &args.metric, args.against))
         .collect::<Result<Vec<_>>>()?;
-    let last_batch = series
-        .iter()
-        .filter_map(|(_, points)| points.last())
-        .map(|p| p.0)
-        .fold(1.0, f64::max);
+    let xs = series.iter().flat_map(|(_, points)| points.iter().map(|p| p.0));
+    let span = (
+        xs.clone().fold(f64::INFINITY, f64::min),
+        xs.fold(f64::NEG_INFINITY, f64::max),
+    );
     let curves: Vec<Curve> = series
         .into_iter()
-        .map(|(name, points)| line(name, points, last_batch))
+        .map(|(name, points)| line(name, points, span))
         .collect();
     let title = match args.title.as_str() {
         "" => format!("{} after each batch", args.metric),
         given => given.to_owned(),
     };
-    quartile_curves(&args.output, &title, "batches learned", &args.metric, false, &curves)?;
+    let x_label = match args.against {
+        Against::Batches => "batches learned",
+        Against::Seconds => "seconds of learning so far (log scale)",
+    };
+    let log = LogAxes {
+        x: args.against == Against::Seconds,
+        y: false,
+    };
+    quartile_curves(&args.output, &title, x_label, &args.metric, log, &curves)?;
     Ok(curves.len())
 }
 
-/// `LABEL=FILE`'s label and its `(batch, metric)` points.
-fn read_series(given: &str, metric: &str) -> Result<(String, Vec<(f64, f64)>)> {
+/// `LABEL=FILE`'s label and its `(x, metric)` points, `x` as `against` says.
+fn read_series(given: &str, metric: &str, against: Against) -> Result<(String, Vec<(f64, f64)>)> {
     let (label, file) = given
         .split_once('=')
         .ok_or_else(|| anyhow!("--report {given}: write LABEL=REPORT.json"))?;
@@ -63,12 +84,21 @@ fn read_series(given: &str, metric: &str) -> Result<(String, Vec<(f64, f64)>)> {
     let batches = report["batches"]
         .as_array()
         .ok_or_else(|| anyhow!("--report {given}: no `batches`; is it an eval report?"))?;
+    let mut elapsed = 0.0;
     let points = batches
         .iter()
-        .map(|b| match (b["batch"].as_f64(), b[metric].as_f64()) {
-            (Some(batch), Some(value)) => Ok((batch, value)),
-            _ => bail!("--report {given}: a batch entry has no `{metric}`; choose another --metric"),
-        })
+        .map(
+            |b| match (b["batch"].as_f64(), b["seconds"].as_f64(), b[metric].as_f64()) {
+                (Some(batch), Some(seconds), Some(value)) => {
+                    elapsed += seconds;
+                    match against {
+                        Against::Batches => Ok((batch, value)),
+                        Against::Seconds => Ok((elapsed, value)),
+                    }
+                }
+                _ => bail!("--report {given}: a batch entry has no `{metric}`; choose another --metric"),
+            },
+        )
         .collect::<Result<Vec<_>>>()?;
     if points.is_empty() {
         bail!("--report {given}: no batches");
@@ -76,10 +106,11 @@ fn read_series(given: &str, metric: &str) -> Result<(String, Vec<(f64, f64)>)> {
     Ok((label.to_owned(), points))
 }
 
-/// A curve without a band; one point becomes a level line to `last_batch`.
-fn line(name: String, points: Vec<(f64, f64)>, last_batch: f64) -> Curve {
+/// A curve without a band; one point becomes a level line across `span`
+/// (the other curves' first to last `x`).
+fn line(name: String, points: Vec<(f64, f64)>, (first, last): (f64, f64)) -> Curve {
     let points = match points[..] {
-        [(_, level)] => vec![(1.0, level), (last_batch, level)],
+        [(_, level)] => vec![(first, level), (last, level)],
         _ => points,
     };
     let (x, values): (Vec<f64>, Vec<f64>) = points.into_iter().unzip();
@@ -89,5 +120,26 @@ fn line(name: String, points: Vec<(f64, f64)>, last_batch: f64) -> Curve {
         median: values.clone(),
         lower: values.clone(),
         upper: values,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn against_seconds_a_batch_stands_at_the_seconds_learned_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("r.json");
+        let batches = r#"{"batches": [{"batch": 1, "seconds": 0.5, "test_nlpd": 1.0},
+                                      {"batch": 2, "seconds": 0.25, "test_nlpd": 0.5}]}"#;
+        std::fs::write(&file, batches).unwrap();
+        let given = format!("a={}", file.display());
+        let (_, by_batch) = read_series(&given, "test_nlpd", Against::Batches).unwrap();
+        assert_eq!(by_batch, [(1.0, 1.0), (2.0, 0.5)]);
+        let (label, by_time) = read_series(&given, "test_nlpd", Against::Seconds).unwrap();
+        assert_eq!((label.as_str(), by_time), ("a", vec![(0.5, 1.0), (0.75, 0.5)]));
+        let missing = read_series(&given, "test_rmse", Against::Seconds).unwrap_err();
+        assert!(missing.to_string().contains("no `test_rmse`"), "{missing}");
     }
 }

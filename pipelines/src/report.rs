@@ -354,27 +354,43 @@ pub struct Curve {
     pub upper: Vec<f64>,
 }
 
+/// `v` to its first significant digit (`0.03`, `3`, `300`): a log axis's tick.
+fn one_significant(v: f64) -> String {
+    let decimals = (-v.log10().floor()).max(0.0) as usize;
+    format!("{v:.decimals$}")
+}
+
+/// Which axes of [`quartile_curves`] are on a log scale.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogAxes {
+    /// `x` (its ticks still say the values, not their logarithms).
+    pub x: bool,
+    /// `y` (its label says `log10`).
+    pub y: bool,
+}
+
 /// Medians as lines over their interquartile bands (experiments over seeds),
-/// `y` on a log scale if `log_y`, the key beside the plot.
+/// on log scales where `log` says, the key beside the plot.
 pub fn quartile_curves(
     path: &Path,
     title: &str,
     x_label: &str,
     y_label: &str,
-    log_y: bool,
+    log: LogAxes,
     curves: &[Curve],
 ) -> Result<()> {
     let root = SVGBackend::new(path, (1000, 460)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let (plot, key) = root.split_horizontally(720);
-    let scale = |v: f64| if log_y { v.max(1e-12).log10() } else { v };
-    let xs = range(curves.iter().flat_map(|c| c.x.iter().copied()));
+    let log10 = |on: bool| move |v: f64| if on { v.max(1e-12).log10() } else { v };
+    let (scale_x, scale) = (log10(log.x), log10(log.y));
+    let xs = range(curves.iter().flat_map(|c| c.x.iter().map(|&x| scale_x(x))));
     let ys = range(
         curves
             .iter()
             .flat_map(|c| c.lower.iter().chain(&c.upper).map(|&v| scale(v))),
     );
-    let y_label = if log_y {
+    let y_label = if log.y {
         format!("{y_label} (log10)")
     } else {
         y_label.to_string()
@@ -390,7 +406,10 @@ pub fn quartile_curves(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
-        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|&v| match log.x {
+            true => one_significant(10f64.powf(v)),
+            false => format!("{v:.0}"),
+        })
         .draw()
         .map_err(plot_error)?;
     let mut entries = Vec::new();
@@ -400,13 +419,20 @@ pub fn quartile_curves(
             .x
             .iter()
             .zip(&curve.upper)
-            .map(|(&x, &v)| (x, scale(v)))
-            .chain(curve.x.iter().zip(&curve.lower).rev().map(|(&x, &v)| (x, scale(v))))
+            .map(|(&x, &v)| (scale_x(x), scale(v)))
+            .chain(
+                curve
+                    .x
+                    .iter()
+                    .zip(&curve.lower)
+                    .rev()
+                    .map(|(&x, &v)| (scale_x(x), scale(v))),
+            )
             .collect();
         chart
             .draw_series(std::iter::once(Polygon::new(band, color.mix(0.15).filled())))
             .map_err(plot_error)?;
-        let line = curve.x.iter().zip(&curve.median).map(|(&x, &v)| (x, scale(v)));
+        let line = curve.x.iter().zip(&curve.median).map(|(&x, &v)| (scale_x(x), scale(v)));
         chart
             .draw_series(LineSeries::new(line, color.stroke_width(2)))
             .map_err(plot_error)?;
@@ -414,4 +440,16 @@ pub fn quartile_curves(
     }
     draw_key(&key, &entries)?;
     root.present().map_err(plot_error)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_log_axis_tick_says_its_value_to_one_significant_digit() {
+        let ticks: Vec<String> = [0.0316, 0.1, 3.16, 316.0]
+            .into_iter()
+            .map(super::one_significant)
+            .collect();
+        assert_eq!(ticks, ["0.03", "0.1", "3", "316"]);
+    }
 }
