@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Streams that change, and River's online models as the yardstick (issue 46).
+
+Builds drifting streams from the shared data and two generated ones, runs
+`dualgp replay` on each in epochs of 50 and of 1000, and River's online
+models prequentially (each record predicted, then learned, one at a time),
+and prints one markdown table: mean absolute error for regression, accuracy
+and log loss for classification. Run it through `scripts/river.sh`, which
+installs River and pyarrow in a virtual environment of its own.
+
+Arguments: DUALGP (a built binary) and OUT (a directory for the streams,
+the predictions and `yardstick.json`). RIVER_ROWS caps the rows taken from
+each shared data set before sorting (default 5000).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from river import forest, linear_model, neighbors, preprocessing
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+ROWS = int(os.environ.get("RIVER_ROWS", "5000"))
+
+
+def from_shared(name, sort_by, rows=ROWS):
+    """The first `rows` rows of a shared data set, sorted by one input."""
+    table = pq.read_table(os.path.join(DATA, f"{name}.parquet")).slice(0, rows)
+    order = np.argsort(table.column(sort_by).to_numpy(), kind="stable")
+    return table.take(pa.array(order))
+
+
+def generated(kind, n=5000, seed=0):
+    """A level that jumps halfway (`jump`), or inputs that drift past the
+    first epoch's range (`drift`)."""
+    rng = np.random.default_rng(seed)
+    i = np.arange(n)
+    if kind == "jump":
+        x = rng.uniform(-2, 2, size=(n, 2))
+        y = np.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + 2.0 * (i >= n // 2) + rng.normal(0, 0.1, n)
+    else:
+        x0 = 4 * i / n - 2 + rng.uniform(-0.1, 0.1, n)
+        x = np.column_stack([x0, rng.uniform(-1, 1, n)])
+        y = np.sin(3 * x[:, 0]) + 0.3 * x[:, 1] + rng.normal(0, 0.1, n)
+    columns = {"id": pa.array(i, pa.int64())}
+    columns.update({f"x{j}": pa.array(x[:, j]) for j in range(x.shape[1])})
+    columns["y"] = pa.array(y)
+    return pa.table(columns)
+
+
+def features(table):
+    return [c for c in table.column_names if c.startswith("x")]
+
+
+def scores(kind, y, predicted):
+    """MAE for regression; accuracy and log loss for `predicted` P(y = 1)."""
+    y = np.asarray(y, float)
+    p = np.asarray(predicted, float)
+    if kind == "regression":
+        return {"mae": float(np.mean(np.abs(y - p)))}
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    return {
+        "accuracy": float(np.mean((p >= 0.5) == (y == 1))),
+        "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
+    }
+
+
+def river_models(kind):
+    if kind == "regression":
+        return {
+            "linear regression": lambda: preprocessing.StandardScaler() | linear_model.LinearRegression(),
+            "KNN": lambda: preprocessing.StandardScaler() | neighbors.KNNRegressor(),
+            # Scaled as the others: its leaves' linear models diverge on raw inputs.
+            "adaptive random forest": lambda: preprocessing.StandardScaler() | forest.ARFRegressor(seed=0),
+        }
+    return {
+        "logistic regression": lambda: preprocessing.StandardScaler() | linear_model.LogisticRegression(),
+        "KNN": lambda: preprocessing.StandardScaler() | neighbors.KNNClassifier(),
+        "adaptive random forest": lambda: forest.ARFClassifier(seed=0),
+    }
+
+
+def run_river(make, kind, table):
+    model = make()
+    names = features(table)
+    xs = [dict(zip(names, row)) for row in zip(*(table.column(n).to_pylist() for n in names))]
+    ys = table.column("y").to_pylist()
+    predicted = []
+    for x, y in zip(xs, ys):
+        if kind == "regression":
+            guess = model.predict_one(x)
+            predicted.append(0.0 if guess is None else guess)
+            model.learn_one(x, y)
+        else:
+            proba = model.predict_proba_one(x)
+            predicted.append(proba.get(1, proba.get(True, 0.5)) if proba else 0.5)
+            model.learn_one(x, int(y))
+    return scores(kind, ys, predicted)
+
+
+def run_dualgp(dualgp, kind, stream, batch, out):
+    predictions = f"{out}.b{batch}.parquet"
+    likelihood = "gaussian" if kind == "regression" else "bernoulli"
+    command = [dualgp, "replay", "--data", stream, "--likelihood", likelihood, "--workers", "2",
+               "--batch-size", str(batch), "--output", predictions, "--report", f"{out}.b{batch}.json"]
+    subprocess.run(command, check=True, capture_output=True)
+    got = pq.read_table(predictions).to_pydict()
+    labels = dict(zip(*(pq.read_table(stream, columns=["id", "y"]).to_pydict()[c] for c in ("id", "y"))))
+    ys = [labels[i] for i in got["id"]]
+    column = "mean" if kind == "regression" else "p1"
+    result = scores(kind, ys, got[column])
+    result["prequential_nlpd"] = json.load(open(f"{out}.b{batch}.json"))["prequential_nlpd"]
+    return result
+
+
+def main():
+    dualgp, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    streams = {
+        "kin40k by x0": ("regression", from_shared("kin40k", "x0")),
+        "elevators by x0": ("regression", from_shared("elevators", "x0")),
+        "bank by x0": ("classification", from_shared("bank", "x0")),
+        "sunspots in time order": ("regression", pq.read_table(os.path.join(os.path.dirname(__file__), "..", "data", "sunspots.parquet"))),
+        "a level that jumps halfway": ("regression", generated("jump")),
+        "inputs that drift past the first epoch's range": ("regression", generated("drift")),
+    }
+    results = {}
+    for name, (kind, table) in streams.items():
+        slug = "".join(c if c.isalnum() else "_" for c in name)
+        path = os.path.join(out, f"{slug}.parquet")
+        pq.write_table(table.select(["id"] + features(table) + ["y"]), path)
+        row = {"kind": kind, "rows": table.num_rows}
+        for batch in (50, 1000):
+            row[f"dualgp, epochs of {batch}"] = run_dualgp(dualgp, kind, path, batch, os.path.join(out, slug))
+        for model, make in river_models(kind).items():
+            started = time.time()
+            row[f"River {model}"] = run_river(make, kind, table)
+            row[f"River {model}"]["seconds"] = time.time() - started
+        results[name] = row
+        print(f"{name}: done", file=sys.stderr)
+    json.dump(results, open(os.path.join(out, "yardstick.json"), "w"), indent=2)
+    print_table(results)
+
+
+def print_table(results):
+    """One row per stream: MAE (regression) or accuracy / log loss (classification) of each learner."""
+    learners = ["dualgp, epochs of 50", "dualgp, epochs of 1000", "River linear", "River KNN", "River forest"]
+    print("| stream | rows | " + " | ".join(learners) + " | dualgp's prequential NLPD, 50 / 1000 |")
+    print("|---|---|" + "---|" * (len(learners) + 1))
+    for name, row in results.items():
+        figures = [v for k, v in row.items() if k not in ("kind", "rows")]
+        if row["kind"] == "regression":
+            shown = [f"{f['mae']:.3f}" for f in figures]
+        else:
+            shown = [f"{f['accuracy']:.3f} / {f['log_loss']:.3f}" for f in figures]
+        nlpd = " / ".join(f"{f['prequential_nlpd']:.3f}" for f in figures[:2])
+        print(f"| {name} | {row['rows']} | " + " | ".join(shown) + f" | {nlpd} |")
+
+
+if __name__ == "__main__":
+    main()
