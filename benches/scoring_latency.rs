@@ -214,19 +214,17 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, row) in &rows {
-        let l = &row["latency_us"];
         let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+        let latency = ["p50", "p90", "p99", "max"].map(|q| format!("{:.0}", f(&row["latency_us"][q])));
+        let staleness = &row["staleness_epochs"];
         println!(
-            "| {name} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} / {} |",
+            "| {name} | {} | {} | {} | {} | {:.1} / {} |",
             row["predictions"],
             row["updates"],
             row["shed"],
-            f(&l["p50"]),
-            f(&l["p90"]),
-            f(&l["p99"]),
-            f(&l["max"]),
-            f(&row["staleness_epochs"]["mean"]),
-            row["staleness_epochs"]["max"],
+            latency.join(" | "),
+            f(&staleness["mean"]),
+            staleness["max"],
         );
     }
     let json = json!({

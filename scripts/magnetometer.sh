@@ -27,12 +27,7 @@ steps=${MAG_STEPS:-100}
 out=${MAG_OUT:-docs/figures/magnetometer}
 parts=${MAG_PARTS:-a b}
 read -r -a extra <<<"${MAG_EXTRA:-}"
-if [ -n "${MAG_BIN:-}" ]; then
-  bin=$MAG_BIN
-else
-  cargo build -q --release -p dualgp-pipelines --bin dualgp
-  bin=${CARGO_TARGET_DIR:-target}/release/dualgp
-fi
+bin=$(scripts/built-dualgp.sh "${MAG_BIN:-}")
 mkdir -p "$out"
 data=../shared/data/magnetometer.parquet
 # The paper's prior: a constant plus a Matérn kernel over position, Gaussian

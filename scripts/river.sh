@@ -11,10 +11,5 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import river, pyarrow
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "river==0.26.1" "pyarrow>=15" "numpy"
 fi
-if [ -n "${RIVER_BIN:-}" ]; then
-  bin=$RIVER_BIN
-else
-  cargo build -q --release -p dualgp-pipelines --bin dualgp
-  bin=${CARGO_TARGET_DIR:-target}/release/dualgp
-fi
+bin=$(scripts/built-dualgp.sh "${RIVER_BIN:-}")
 exec "$venv/bin/python" scripts/river_yardstick.py "$bin" "${RIVER_OUT:-target/river}"

@@ -15,12 +15,7 @@ cd "$(dirname "$0")/.."
 batches=${WALL_BATCHES:-40}
 folds=${WALL_FOLDS:-5}
 out=${WALL_OUT:-docs/figures/wallclock}
-if [ -n "${WALL_BIN:-}" ]; then
-  bin=$WALL_BIN
-else
-  cargo build -q --release -p dualgp-pipelines --bin dualgp
-  bin=${CARGO_TARGET_DIR:-target}/release/dualgp
-fi
+bin=$(scripts/built-dualgp.sh "${WALL_BIN:-}")
 mkdir -p "$out"
 methods=(dual-memory osgpr)
 for fold in $(seq 0 $((folds - 1))); do

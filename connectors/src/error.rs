@@ -1,29 +1,16 @@
 //! Errors that stop a source or a sink (bad records never do: they become dead letters).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::columns::SchemaError;
-use crate::data_file::OpenFailure;
+use crate::data_file::FileError;
 
 /// Why a source cannot go on. Each message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The file cannot be opened.
-    #[error("cannot open {}: {source}", .path.display())]
-    Open {
-        /// The file.
-        path: PathBuf,
-        /// What the file system said.
-        source: std::io::Error,
-    },
-    /// The file's footer is not Parquet's.
-    #[error("{} is not a valid Parquet file (truncated, or another format): {source}", .path.display())]
-    NotParquet {
-        /// The file.
-        path: PathBuf,
-        /// What the Parquet reader said.
-        source: parquet::errors::ParquetError,
-    },
+    /// The file cannot be read as data.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A row group cannot be read.
     #[error("{}: cannot read row group {row_group} (corrupt or truncated file?): {detail}", .path.display())]
     Read {
@@ -33,21 +20,6 @@ pub enum SourceError {
         row_group: usize,
         /// What the reader said.
         detail: String,
-    },
-    /// The file ends in `.csv` but cannot be read as CSV with a header row
-    /// (a row with another number of fields than the header: a truncated file).
-    #[error("{} is not a CSV file that can be read (truncated or malformed?): {source}; fix or re-export it", .path.display())]
-    NotCsv {
-        /// The file.
-        path: PathBuf,
-        /// What the CSV reader said.
-        source: arrow::error::ArrowError,
-    },
-    /// A `.csv` file with a header and no rows.
-    #[error("{} has a header but no rows: nothing to read, and no values to tell its columns' types", .path.display())]
-    EmptyCsv {
-        /// The file.
-        path: PathBuf,
     },
     /// The columns cannot make up records; the message names the flag that
     /// chooses the column (`--id`, `--features`, `--target`, `--output-column`).
@@ -75,18 +47,6 @@ pub enum SourceError {
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(Box<crate::kafka::KafkaError>),
-}
-
-impl SourceError {
-    pub(crate) fn opening(path: &Path, failure: OpenFailure) -> Self {
-        let path = path.to_owned();
-        match failure {
-            OpenFailure::Open(source) => SourceError::Open { path, source },
-            OpenFailure::NotCsv(source) => SourceError::NotCsv { path, source },
-            OpenFailure::EmptyCsv => SourceError::EmptyCsv { path },
-            OpenFailure::NotParquet(source) => SourceError::NotParquet { path, source },
-        }
-    }
 }
 
 /// Why a sink cannot write.

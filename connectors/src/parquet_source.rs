@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::arrow_decode::{event_seconds, ArrowDecoder, DecodedRow};
 use crate::csv_input::CsvInput;
-use crate::data_file::DataFile;
+use crate::data_file::{DataFile, FileError};
 use crate::dead_letter::{number_text, Counters, DeadLetter, Origin, Reason};
 use crate::epoch::{EpochPart, WorkerShare};
 use crate::error::SourceError;
@@ -200,7 +200,7 @@ impl ParquetSource {
         let path = path.as_ref().to_owned();
         let name = path.display().to_string();
         check_config(config, share)?;
-        let opened = DataFile::open(&path).map_err(|failure| SourceError::opening(&path, failure))?;
+        let opened = DataFile::open(&path)?;
         let schema = match &opened {
             DataFile::Parquet { metadata, .. } => metadata.schema().clone(),
             DataFile::Csv(csv) => csv.schema().clone(),
@@ -231,7 +231,7 @@ impl ParquetSource {
             DataFile::Csv(csv) => Input::Csv {
                 reader: Box::new(
                     csv.batches(&wanted, config.batch_rows)
-                        .map_err(|source| SourceError::NotCsv {
+                        .map_err(|source| FileError::NotCsv {
                             path: path.clone(),
                             source,
                         })?,
@@ -608,7 +608,7 @@ fn csv_watermarks(
     group_rows: usize,
 ) -> Result<Vec<Option<f64>>, SourceError> {
     let column = mapping.event_time.as_deref().unwrap_or_default();
-    let failed = |source| SourceError::NotCsv {
+    let failed = |source| FileError::NotCsv {
         path: csv.path().to_owned(),
         source,
     };
@@ -633,10 +633,11 @@ fn read_error(path: &Path, csv: bool, index: usize, detail: String) -> SourceErr
             row_group: index,
             detail,
         },
-        true => SourceError::NotCsv {
+        true => FileError::NotCsv {
             path: path.to_owned(),
             source: ArrowError::CsvError(detail),
-        },
+        }
+        .into(),
     }
 }
 

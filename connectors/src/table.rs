@@ -25,28 +25,15 @@ use parquet::arrow::ProjectionMask;
 use crate::columns::{feature_columns, first_unconverted, to_f64, to_i64, typed_column, Role, SchemaError};
 pub use crate::columns::{Features, UnresolvedFeatures};
 use crate::csv_input::CsvInput;
-use crate::data_file::{DataFile, OpenFailure};
+use crate::data_file::{DataFile, FileError};
 use crate::parquet_check::next_batch;
 
 /// Why a [`Table`] could not be read. Each message is one line saying what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    /// The file could not be opened.
-    #[error("cannot open {}: {source}; check the path (data sets live in shared/data)", .path.display())]
-    Open {
-        /// The file asked for.
-        path: PathBuf,
-        /// The operating system's reason.
-        source: std::io::Error,
-    },
-    /// The file is not Parquet, or its footer is missing (a truncated file).
-    #[error("{} is not a valid Parquet file (truncated, or another format): {source}; re-copy or re-export it", .path.display())]
-    NotParquet {
-        /// The file asked for.
-        path: PathBuf,
-        /// The Parquet reader's reason.
-        source: parquet::errors::ParquetError,
-    },
+    /// The file cannot be read as data.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// The footer was read but the data pages could not be decoded.
     #[error("{}: cannot decode the data (corrupt or truncated file?): {source}; re-copy or re-export it", .path.display())]
     Read {
@@ -54,22 +41,6 @@ pub enum TableError {
         path: PathBuf,
         /// The Arrow reader's reason.
         source: arrow::error::ArrowError,
-    },
-    /// The file ends in `.csv` but cannot be read as CSV with a header row:
-    /// a row with another number of fields than the header (a truncated
-    /// file), text that is not UTF-8, ….
-    #[error("{} is not a CSV file that can be read (truncated or malformed?): {source}; fix or re-export it", .path.display())]
-    NotCsv {
-        /// The file asked for.
-        path: PathBuf,
-        /// The CSV reader's reason.
-        source: ArrowError,
-    },
-    /// A `.csv` file with a header and no rows.
-    #[error("{} has a header but no rows: nothing to read, and no values to tell its columns' types", .path.display())]
-    EmptyCsv {
-        /// The file asked for.
-        path: PathBuf,
     },
     /// The columns cannot make up records: one is missing or has a type its
     /// role does not take (the same rules as the streaming sources').
@@ -105,18 +76,6 @@ pub enum TableError {
         /// What the role takes.
         expected: &'static str,
     },
-}
-
-impl TableError {
-    fn opening(path: &Path, failure: OpenFailure) -> Self {
-        let path = path.to_owned();
-        match failure {
-            OpenFailure::Open(source) => TableError::Open { path, source },
-            OpenFailure::NotCsv(source) => TableError::NotCsv { path, source },
-            OpenFailure::EmptyCsv => TableError::EmptyCsv { path },
-            OpenFailure::NotParquet(source) => TableError::NotParquet { path, source },
-        }
-    }
 }
 
 /// Whether a column is read, and whether it must be there.
@@ -426,14 +385,12 @@ enum Opened {
 
 impl Opened {
     fn open(path: &Path) -> Result<Opened, TableError> {
-        Ok(
-            match DataFile::open(path).map_err(|failure| TableError::opening(path, failure))? {
-                DataFile::Parquet { file, metadata } => {
-                    Opened::Parquet(ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata))
-                }
-                DataFile::Csv(csv) => Opened::Csv(csv),
-            },
-        )
+        Ok(match DataFile::open(path)? {
+            DataFile::Parquet { file, metadata } => {
+                Opened::Parquet(ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata))
+            }
+            DataFile::Csv(csv) => Opened::Csv(csv),
+        })
     }
 
     fn schema(&self) -> &Schema {
@@ -479,14 +436,14 @@ impl Opened {
                 let mut reader = builder
                     .with_projection(mask)
                     .build()
-                    .map_err(|source| TableError::NotParquet {
+                    .map_err(|source| FileError::NotParquet {
                         path: path.to_owned(),
                         source,
                     })?;
                 Ok(Box::new(std::iter::from_fn(move || next_batch(&mut reader))))
             }
             Opened::Csv(csv) => {
-                let reader = csv.batches(columns, 8192).map_err(|source| TableError::NotCsv {
+                let reader = csv.batches(columns, 8192).map_err(|source| FileError::NotCsv {
                     path: path.to_owned(),
                     source,
                 })?;
@@ -511,10 +468,11 @@ impl Table {
         let mut read = Accumulated::new(&columns, path, rows);
         for batch in opened.batches(path, &columns.names())? {
             let batch = batch.map_err(|source| match csv {
-                true => TableError::NotCsv {
+                true => FileError::NotCsv {
                     path: path.to_owned(),
                     source,
-                },
+                }
+                .into(),
                 false => TableError::Read {
                     path: path.to_owned(),
                     source,

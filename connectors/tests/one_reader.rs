@@ -15,8 +15,8 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, TimeUnit};
 use common::{read_parts, temp_parquet, write_parquet};
 use dualgp_connectors::{
-    Column, ColumnMapping, ColumnSpec, EpochRule, Features, ParquetPosition, ParquetSource, ParquetSourceConfig, Role,
-    SchemaError, SourceError, Table, TableError, WorkerShare,
+    Column, ColumnMapping, ColumnSpec, EpochRule, Features, FileError, ParquetPosition, ParquetSource,
+    ParquetSourceConfig, Role, SchemaError, SourceError, Table, TableError, WorkerShare,
 };
 use dualgp_operators::dataflow::Record;
 
@@ -310,8 +310,11 @@ fn a_bad_csv_file_or_a_missing_column_is_one_clear_line() {
     };
 
     let (table, stream) = refused_both_ways(&truncated, &spec, &config);
-    assert!(matches!(table, TableError::NotCsv { .. }), "{table:?}");
-    assert!(matches!(stream, SourceError::NotCsv { .. }), "{stream:?}");
+    assert!(matches!(table, TableError::File(FileError::NotCsv { .. })), "{table:?}");
+    assert!(
+        matches!(stream, SourceError::File(FileError::NotCsv { .. })),
+        "{stream:?}"
+    );
     for said in [table.to_string(), stream.to_string()] {
         assert!(
             said.contains("truncated.csv") && said.contains(&format!("line {line}")),
@@ -324,8 +327,14 @@ fn a_bad_csv_file_or_a_missing_column_is_one_clear_line() {
     let empty = dir.path().join("empty.csv");
     std::fs::write(&empty, whole.lines().next().unwrap()).unwrap();
     let (table, stream) = refused_both_ways(&empty, &spec, &config);
-    assert!(matches!(table, TableError::EmptyCsv { .. }), "{table:?}");
-    assert!(matches!(stream, SourceError::EmptyCsv { .. }), "{stream:?}");
+    assert!(
+        matches!(table, TableError::File(FileError::EmptyCsv { .. })),
+        "{table:?}"
+    );
+    assert!(
+        matches!(stream, SourceError::File(FileError::EmptyCsv { .. })),
+        "{stream:?}"
+    );
     for said in [table.to_string(), stream.to_string()] {
         assert!(said.contains("empty.csv has a header but no rows"), "{said}");
     }

@@ -11,8 +11,8 @@ use arrow::array::{
 };
 use common::{data, read_parts, regrouped, temp_parquet, write_parquet};
 use dualgp_connectors::{
-    ColumnMapping, ColumnSpec, EpochPart, EpochRule, Origin, ParquetPosition, ParquetSource, ParquetSourceConfig,
-    Reason, ReasonKind, SchemaError, SourceError, Table, WorkerShare,
+    ColumnMapping, ColumnSpec, EpochPart, EpochRule, FileError, Origin, ParquetPosition, ParquetSource,
+    ParquetSourceConfig, Reason, ReasonKind, SchemaError, SourceError, Table, WorkerShare,
 };
 use dualgp_operators::dataflow::Record;
 
@@ -217,7 +217,7 @@ fn schema_problems_stop_the_whole_source_with_a_clear_error() {
     let err = ParquetSource::open(&truncated, &Default::default(), WorkerShare::ALONE, None)
         .err()
         .unwrap();
-    assert!(matches!(err, SourceError::NotParquet { .. }), "{err}");
+    assert!(matches!(err, SourceError::File(FileError::NotParquet { .. })), "{err}");
 
     let err = ParquetSource::open(
         dir.path().join("absent.parquet"),
@@ -227,7 +227,7 @@ fn schema_problems_stop_the_whole_source_with_a_clear_error() {
     )
     .err()
     .unwrap();
-    assert!(matches!(err, SourceError::Open { .. }), "{err}");
+    assert!(matches!(err, SourceError::File(FileError::Open { .. })), "{err}");
 
     for (share, rule) in [
         (WorkerShare::new(2, 2), EpochRule::Rows(10)),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, StringArray, UInt64Array};
 use arrow::datatypes::DataType;
 use common::{data, temp_parquet};
-use dualgp_connectors::{shared_dir, Column, ColumnSpec, SchemaError, Table, TableError};
+use dualgp_connectors::{shared_dir, Column, ColumnSpec, FileError, SchemaError, Table, TableError};
 use parquet::file::properties::DEFAULT_MAX_ROW_GROUP_ROW_COUNT;
 
 /// The writer's default row groups: every file here fits in one.
@@ -148,7 +148,7 @@ fn truncated_file() {
     let path = dir.path().join("banana_truncated.parquet");
     fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
     let err = Table::read(&path, &ColumnSpec::default()).unwrap_err();
-    assert!(matches!(err, TableError::NotParquet { .. }), "{err:?}");
+    assert!(matches!(err, TableError::File(FileError::NotParquet { .. })), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("not a valid Parquet file"), "{msg}");
     assert!(msg.contains("banana_truncated.parquet"), "{msg}");
@@ -162,13 +162,13 @@ fn not_parquet() {
     let garbage: Vec<u8> = (0..5000u32).map(|i| (i * 7919 % 251) as u8).collect();
     fs::write(&path, garbage).unwrap();
     let err = Table::read(&path, &ColumnSpec::default()).unwrap_err();
-    assert!(matches!(err, TableError::NotParquet { .. }), "{err:?}");
+    assert!(matches!(err, TableError::File(FileError::NotParquet { .. })), "{err:?}");
     assert!(err.to_string().contains("garbage.parquet"), "{err}");
 
     let empty = dir.path().join("empty.parquet");
     fs::write(&empty, b"").unwrap();
     let err = Table::read(&empty, &ColumnSpec::default()).unwrap_err();
-    assert!(matches!(err, TableError::NotParquet { .. }), "{err:?}");
+    assert!(matches!(err, TableError::File(FileError::NotParquet { .. })), "{err:?}");
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn missing_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nope.parquet");
     let err = Table::read(&path, &ColumnSpec::default()).unwrap_err();
-    assert!(matches!(err, TableError::Open { .. }), "{err:?}");
+    assert!(matches!(err, TableError::File(FileError::Open { .. })), "{err:?}");
     let msg = err.to_string();
     assert!(msg.starts_with("cannot open "), "{msg}");
     assert!(msg.contains(&path.display().to_string()), "{msg}");

@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use broker::Broker;
 use common::{
-    create_topics, dualgp, free_port, labelled_records, metric, output_within, produce, read_topic, serve_command,
-    SpawnPiped,
+    dualgp, free_port, labelled_records, metric, output_within, produce, read_topic, serve_command, SpawnPiped,
 };
 
 /// A file system mounted for one test, unmounted when dropped.
@@ -90,9 +89,7 @@ fn records_learned(dir: &Path) -> u64 {
 /// `break_dir`, serves 200 more: serve must stop with one line holding
 /// `why`. Then `mend_dir`, and a restart must finish the job.
 fn serve_through_a_broken_checkpoint_dir(dir: &Path, break_dir: impl FnOnce(), why: &str, mend_dir: impl FnOnce()) {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["in", "out", "in.dlq"]);
+    let (_broker, address) = Broker::with_topics(1, &["in", "out", "in.dlq"]);
     produce(&address, "in", &labelled_records(0..200), 1);
     let port = free_port();
     let mut serve = spawn_serve(&address, dir, &["--metrics-port", &port.to_string()]);

@@ -356,9 +356,7 @@ fn serve_args(address: &str, input: &str, output: &str, checkpoints: Option<&Pat
 
 #[test]
 fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_bit_for_bit() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 2, &["one-in", "two-in"]);
+    let (_broker, address) = Broker::with_topics(2, &["one-in", "two-in"]);
     // Made here, not by the first send of one of several producers, so
     // that the readers below know their partitions.
     create_topics(&address, 1, &["one-out", "two-out", "one-in.dlq", "two-in.dlq"]);
@@ -424,9 +422,7 @@ fn serve_on_two_processes_sends_and_learns_what_one_process_of_two_workers_does_
 
 #[test]
 fn a_serve_process_whose_peer_never_starts_says_which_within_the_peer_timeout_before_any_record() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["lonely-in"]);
+    let (_broker, address) = Broker::with_topics(1, &["lonely-in"]);
     let dir = tempfile::tempdir().unwrap();
     let hosts = hostfile(dir.path());
     let mut args = serve_args(&address, "lonely-in", "lonely-out", None);
@@ -463,9 +459,7 @@ fn a_serve_process_whose_peer_never_starts_says_which_within_the_peer_timeout_be
 
 #[test]
 fn sigterm_to_process_1_of_a_serve_cluster_stops_both_after_checkpointing() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 2, &["in"]);
+    let (_broker, address) = Broker::with_topics(2, &["in"]);
     create_topics(&address, 1, &["out", "in.dlq"]);
     produce(&address, "in", &regression_messages(400), 2);
     let dir = tempfile::tempdir().unwrap();

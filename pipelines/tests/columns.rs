@@ -22,7 +22,7 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
 use arrow::record_batch::RecordBatch;
 use broker::Broker;
-use common::{assert_fails_with, create_topics, dualgp, eval_args, produce, read_topic, replay_args};
+use common::{assert_fails_with, dualgp, eval_args, produce, read_topic, replay_args};
 use parquet_files::{data, read_parquet, write_batch};
 
 /// Rows `from..from + n` of elevators (id, fold, x0..x17, y).
@@ -285,9 +285,7 @@ fn a_bad_csv_file_or_a_missing_column_is_one_line_naming_the_flag() {
 /// those fields: every one is scored, labelled or not, none a dead letter.
 #[test]
 fn serve_reads_json_messages_by_the_column_flags() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["in"]);
+    let (_broker, address) = Broker::with_topics(1, &["in"]);
     let n = 300;
     let messages: Vec<(String, String)> = (0..n)
         .map(|i| {

@@ -120,9 +120,7 @@ fn predicted_ids(address: &str, expected: usize) -> Vec<i64> {
 /// the bad message, and the restart never sent its letter.
 #[test]
 fn a_dead_letter_that_cannot_be_sent_stops_serve_and_a_restart_sends_it() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["in", "out", "in.dlq"]);
+    let (_broker, address) = Broker::with_topics(1, &["in", "out", "in.dlq"]);
     let mut messages = labelled_records(0..30);
     let bad_offset = messages.len() as i64;
     // x0 is text: a wrong_type dead letter of some 1600 bytes.
@@ -175,9 +173,7 @@ fn a_dead_letter_that_cannot_be_sent_stops_serve_and_a_restart_sends_it() {
 /// goes on: every good record is predicted.
 #[test]
 fn oversized_deeply_nested_and_very_wide_messages_are_dead_letters_and_serving_goes_on() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["in", "out", "in.dlq"]);
+    let (_broker, address) = Broker::with_topics(1, &["in", "out", "in.dlq"]);
     let big_producer = [("message.max.bytes", "10000000")];
     let checkpoints = tempfile::tempdir().unwrap();
 
@@ -257,9 +253,7 @@ fn a_sigkill_re_emits_at_most_two_epochs_in_flight_of_predictions_per_worker() {
     const IN_FLIGHT: usize = 2;
     const BATCH: usize = 50;
     const WORKERS: usize = 2;
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, WORKERS as i32, &["in"]);
+    let (_broker, address) = Broker::with_topics(WORKERS as i32, &["in"]);
     create_topics(&address, 1, &["out", "in.dlq"]);
     produce(&address, "in", &labelled_records(0..RECORDS), WORKERS as i32);
     let checkpoints = tempfile::tempdir().unwrap();
@@ -327,9 +321,7 @@ fn what_the_broker_does_with_transactions() {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     use rdkafka::{Message, Offset, TopicPartitionList};
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["in", "out"]);
+    let (_broker, address) = Broker::with_topics(1, &["in", "out"]);
     produce(&address, "in", &labelled_records(0..10), 1);
     let timeout = Duration::from_secs(20);
     let producer: BaseProducer = rdkafka::ClientConfig::new()

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use broker::Broker;
-use common::{create_topics, newest_checkpoint, produce, read_topic, serve_command};
+use common::{newest_checkpoint, produce, read_topic, serve_command};
 use dualgp_connectors::KafkaPosition;
 use dualgp_operators::dataflow::Checkpoint;
 use dualgp_operators::model::{predict_outputs, Predictive, StreamingLearner};
@@ -99,9 +99,7 @@ fn library_predictive(checkpoint: &Checkpoint<KafkaPosition>, scaling: &Standard
 
 #[test]
 fn serve_scores_each_messages_output_and_every_output_as_the_checkpointed_model_does() {
-    let broker = Broker::start();
-    let address = broker.address();
-    create_topics(&address, 1, &["in"]);
+    let (_broker, address) = Broker::with_topics(1, &["in"]);
     let checkpoints = tempfile::tempdir().unwrap();
 
     let toy = heterogeneous(LABELLED, 11);

@@ -95,6 +95,18 @@ impl Broker {
 
     /// Topics in memory, clients told to connect to 127.0.0.1:`advertised`
     /// (a relay in front of the broker) whatever port they first reached.
+    /// [`start`](Self::start), with `topics` of `partitions` each made; and its address.
+    #[allow(dead_code)] // for the tests that make their topics first
+    pub fn with_topics(partitions: i32, topics: &[&str]) -> (Broker, String) {
+        let broker = Broker::start();
+        let address = broker.address();
+        let conn = dualgp_connectors::KafkaConnection::new(&address).with_timeout(Duration::from_secs(20));
+        for topic in topics {
+            dualgp_connectors::kafka::create_topic(&conn, topic, partitions).unwrap();
+        }
+        (broker, address)
+    }
+
     #[allow(dead_code)] // for the tests that put a relay in front of the broker
     pub fn start_advertising(advertised: u16) -> Broker {
         install("install");

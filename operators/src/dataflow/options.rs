@@ -55,12 +55,9 @@ pub struct GpOptions {
     /// together in the next, this many at most. (Prequential scoring hands
     /// over one epoch at a time.)
     pub max_epochs_per_update: usize,
-    /// Scoring on arrival, the most epochs a scoring model may lag behind
-    /// the records it scores, about: when the learner cannot keep up, each
-    /// update learns a sample of its records, as large as keeps the lag
-    /// near this bound (see `ModelUpdate::shed`). `None`: every record is
-    /// learned, however far the models lag. Prequential scoring learns
-    /// every record.
+    /// Scoring on arrival, about the most epochs a model lags the records it
+    /// scores: a learner that falls behind learns a sample (`ModelUpdate::shed`).
+    /// `None` (and prequential scoring): every record is learned.
     pub max_staleness: Option<u64>,
     /// A multi-output model's predictions also carry every output's
     /// predictive, not only that of the output the record observes.
