@@ -251,15 +251,8 @@ pub const MAX_REASON_TEXT: usize = 4 * 1024;
 impl DeadLetter {
     /// The reason as text, cut to [`MAX_REASON_TEXT`] bytes (saying so).
     pub fn reason_text(&self) -> String {
-        // A reason quotes the input (field and column names), which may hold
-        // line breaks: shown escaped, a reason stays one line.
-        let mut text = String::new();
-        for c in self.reason.to_string().chars() {
-            match c.is_control() {
-                true => text.extend(c.escape_default()),
-                false => text.push(c),
-            }
-        }
+        // A reason quotes the input (field and column names), which may hold line breaks.
+        let mut text = one_line(&self.reason.to_string());
         if text.len() > MAX_REASON_TEXT {
             let all = text.len();
             text.truncate(text.floor_char_boundary(MAX_REASON_TEXT));
@@ -311,6 +304,19 @@ impl Counters {
             *self.dead_letters.entry(*k).or_default() += n;
         }
     }
+}
+
+/// `text` with its control characters (line breaks, carriage returns)
+/// escaped, so that a message quoting input stays one line.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c.is_control() {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+    }
+    out
 }
 
 /// A number for a [`Reason`]: the shortest text that reads back the same value.

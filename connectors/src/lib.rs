@@ -40,7 +40,7 @@ pub use atomic_parquet::partial_path;
 pub use columns::{Features, Role, SchemaError, UnresolvedFeatures};
 pub use csv_input::is_csv;
 pub use data_file::FileError;
-pub use dead_letter::{Counters, DeadLetter, Origin, Reason, ReasonKind};
+pub use dead_letter::{one_line, Counters, DeadLetter, Origin, Reason, ReasonKind};
 pub use epoch::{EpochPart, WorkerShare};
 pub use error::{SinkError, SourceError};
 #[cfg(feature = "kafka")]

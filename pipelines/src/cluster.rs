@@ -118,8 +118,7 @@ pub fn host_lines(text: &str, path: &Path) -> Result<Vec<String>> {
         let port = line.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
         let host_ok = |host: &str| !host.is_empty() && !host.contains(char::is_whitespace);
         if !matches!(port, Some((host, Ok(_))) if host_ok(host)) {
-            // Control characters shown escaped: the error stays one line.
-            let shown = line.escape_default();
+            let shown = dualgp_connectors::one_line(line);
             bail!("{} line {}: `{shown}` is not host:port", path.display(), number + 1);
         }
         addresses.push(line.to_owned());

@@ -199,12 +199,9 @@ pub fn posterior_map(
     };
     let inducing = back(&post.z);
     let remembered = marks.memory.map(back).unwrap_or_default();
-    let learned: Vec<(f64, f64)> = marks.learned.map(back).unwrap_or_default();
-    let learned: Vec<(f64, f64)> = learned
-        .iter()
-        .step_by(learned.len().div_ceil(LEARNED_DOTS).max(1))
-        .copied()
-        .collect();
+    let learned = marks.learned.map(back).unwrap_or_default();
+    let every = learned.len().div_ceil(LEARNED_DOTS).max(1);
+    let learned: Vec<(f64, f64)> = learned.into_iter().step_by(every).collect();
 
     // Room below the panels for their colour scales and a key of three rows.
     let root = SVGBackend::new(path, (1000, 580)).into_drawing_area();
@@ -369,6 +366,20 @@ pub struct LogAxes {
     pub y: bool,
 }
 
+/// `v`, or its log10 (of at least 1e-12) on a log axis.
+fn log10_if(log: bool, v: f64) -> f64 {
+    if log {
+        v.max(1e-12).log10()
+    } else {
+        v
+    }
+}
+
+/// A curve's `(x, value)` points on the axes' scales.
+fn on_scales<'a>(x: &'a [f64], values: &'a [f64], log: LogAxes) -> impl DoubleEndedIterator<Item = (f64, f64)> + 'a {
+    (x.iter().zip(values)).map(move |(&x, &v)| (log10_if(log.x, x), log10_if(log.y, v)))
+}
+
 /// Medians as lines over their interquartile bands (experiments over seeds),
 /// on log scales where `log` says, the key beside the plot.
 pub fn quartile_curves(
@@ -382,13 +393,11 @@ pub fn quartile_curves(
     let root = SVGBackend::new(path, (1000, 460)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let (plot, key) = root.split_horizontally(720);
-    let log10 = |on: bool| move |v: f64| if on { v.max(1e-12).log10() } else { v };
-    let (scale_x, scale) = (log10(log.x), log10(log.y));
-    let xs = range(curves.iter().flat_map(|c| c.x.iter().map(|&x| scale_x(x))));
+    let xs = range(curves.iter().flat_map(|c| c.x.iter().map(|&x| log10_if(log.x, x))));
     let ys = range(
         curves
             .iter()
-            .flat_map(|c| c.lower.iter().chain(&c.upper).map(|&v| scale(v))),
+            .flat_map(|c| c.lower.iter().chain(&c.upper).map(|&v| log10_if(log.y, v))),
     );
     let y_label = if log.y {
         format!("{y_label} (log10)")
@@ -415,24 +424,12 @@ pub fn quartile_curves(
     let mut entries = Vec::new();
     for (k, curve) in curves.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
-        let band: Vec<(f64, f64)> = curve
-            .x
-            .iter()
-            .zip(&curve.upper)
-            .map(|(&x, &v)| (scale_x(x), scale(v)))
-            .chain(
-                curve
-                    .x
-                    .iter()
-                    .zip(&curve.lower)
-                    .rev()
-                    .map(|(&x, &v)| (scale_x(x), scale(v))),
-            )
-            .collect();
+        let points = |values| on_scales(&curve.x, values, log);
+        let band: Vec<(f64, f64)> = points(&curve.upper).chain(points(&curve.lower).rev()).collect();
         chart
             .draw_series(std::iter::once(Polygon::new(band, color.mix(0.15).filled())))
             .map_err(plot_error)?;
-        let line = curve.x.iter().zip(&curve.median).map(|(&x, &v)| (scale_x(x), scale(v)));
+        let line = points(&curve.median);
         chart
             .draw_series(LineSeries::new(line, color.stroke_width(2)))
             .map_err(plot_error)?;

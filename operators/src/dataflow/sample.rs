@@ -171,11 +171,5 @@ mod tests {
         }
         let settled = &stale[50..];
         assert!(settled.iter().all(|&s| s <= bound as f64 + 1.0), "{settled:?}");
-        // Without the pace the waiting grows without end.
-        let mut waiting = 1.0f64;
-        for _ in 0..20 {
-            waiting = (a + b * waiting).ceil();
-        }
-        assert!(waiting > 1e6);
     }
 }
