@@ -10,7 +10,8 @@ installs River and pyarrow in a virtual environment of its own.
 
 Arguments: DUALGP (a built binary) and OUT (a directory for the streams,
 the predictions and `yardstick.json`). RIVER_ROWS caps the rows taken from
-each shared data set before sorting (default 5000).
+each shared data set before sorting (default 5000); RIVER_HALF_LIFE is the
+forgetting half-life of dualgp's second pair of runs (default 500 records).
 """
 
 import json
@@ -26,6 +27,7 @@ from river import forest, linear_model, neighbors, preprocessing
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 ROWS = int(os.environ.get("RIVER_ROWS", "5000"))
+HALF_LIFE = os.environ.get("RIVER_HALF_LIFE", "500")
 
 
 def from_shared(name, sort_by, rows=ROWS):
@@ -103,18 +105,19 @@ def run_river(make, kind, table):
     return scores(kind, ys, predicted)
 
 
-def run_dualgp(dualgp, kind, stream, batch, out):
-    predictions = f"{out}.b{batch}.parquet"
+def run_dualgp(dualgp, kind, stream, batch, out, flags=()):
+    out = f"{out}.b{batch}" + "".join(flags).replace("-", "")
+    predictions = f"{out}.parquet"
     likelihood = "gaussian" if kind == "regression" else "bernoulli"
     command = [dualgp, "replay", "--data", stream, "--likelihood", likelihood, "--workers", "2",
-               "--batch-size", str(batch), "--output", predictions, "--report", f"{out}.b{batch}.json"]
+               "--batch-size", str(batch), "--output", predictions, "--report", f"{out}.json", *flags]
     subprocess.run(command, check=True, capture_output=True)
     got = pq.read_table(predictions).to_pydict()
     labels = dict(zip(*(pq.read_table(stream, columns=["id", "y"]).to_pydict()[c] for c in ("id", "y"))))
     ys = [labels[i] for i in got["id"]]
     column = "mean" if kind == "regression" else "p1"
     result = scores(kind, ys, got[column])
-    result["prequential_nlpd"] = json.load(open(f"{out}.b{batch}.json"))["prequential_nlpd"]
+    result["prequential_nlpd"] = json.load(open(f"{out}.json"))["prequential_nlpd"]
     return result
 
 
@@ -135,8 +138,10 @@ def main():
         path = os.path.join(out, f"{slug}.parquet")
         pq.write_table(table.select(["id"] + features(table) + ["y"]), path)
         row = {"kind": kind, "rows": table.num_rows}
-        for batch in (50, 1000):
-            row[f"dualgp, epochs of {batch}"] = run_dualgp(dualgp, kind, path, batch, os.path.join(out, slug))
+        for forget in ((), ("--forget-half-life", HALF_LIFE)):
+            for batch in (50, 1000):
+                name_of = f"dualgp{', forgetting' if forget else ''}, epochs of {batch}"
+                row[name_of] = run_dualgp(dualgp, kind, path, batch, os.path.join(out, slug), forget)
         for model, make in river_models(kind).items():
             started = time.time()
             row[f"River {model}"] = run_river(make, kind, table)
@@ -149,8 +154,10 @@ def main():
 
 def print_table(results):
     """One row per stream: MAE (regression) or accuracy / log loss (classification) of each learner."""
-    learners = ["dualgp, epochs of 50", "dualgp, epochs of 1000", "River linear", "River KNN", "River forest"]
-    print("| stream | rows | " + " | ".join(learners) + " | dualgp's prequential NLPD, 50 / 1000 |")
+    learners = ["dualgp, epochs of 50", "dualgp, epochs of 1000",
+                f"forgetting ({HALF_LIFE}), epochs of 50", f"forgetting ({HALF_LIFE}), epochs of 1000",
+                "River linear", "River KNN", "River forest"]
+    print("| stream | rows | " + " | ".join(learners) + " | dualgp's prequential NLPD, 50 / 1000, forgetting 50 / 1000 |")
     print("|---|---|" + "---|" * (len(learners) + 1))
     for name, row in results.items():
         figures = [v for k, v in row.items() if k not in ("kind", "rows")]
@@ -158,7 +165,7 @@ def print_table(results):
             shown = [f"{f['mae']:.3f}" for f in figures]
         else:
             shown = [f"{f['accuracy']:.3f} / {f['log_loss']:.3f}" for f in figures]
-        nlpd = " / ".join(f"{f['prequential_nlpd']:.3f}" for f in figures[:2])
+        nlpd = " / ".join(f"{f['prequential_nlpd']:.3f}" for f in figures[:4])
         print(f"| {name} | {row['rows']} | " + " | ".join(shown) + f" | {nlpd} |")
 
 

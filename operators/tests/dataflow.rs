@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use common::operator::{run_operator, Feed, Outputs};
 use common::small_config;
 use dualgp_operators::dataflow::{GpOptions, Record};
+use dualgp_operators::model::dual::forgetting::Forgetting;
 use dualgp_operators::model::{
     Data, EStepConfig, Family, Kernel, Likelihood, Link, MemoryPolicy, MemoryShare, Optimizer, PastInMStep, Predictive,
     SequentialConfig, SequentialLearner, StreamingLearner,
@@ -177,6 +178,22 @@ fn one_two_and_four_workers_match_the_model_only_learner_on_a_classification_str
     for workers in [1, 2, 4] {
         let outputs = run(timely::Config::process(workers), &epochs, learner(true));
         assert_matches(&outputs, &epochs, learner(true));
+    }
+}
+
+#[test]
+fn forgetting_gives_the_same_model_on_one_and_two_workers() {
+    let forgetful = |classes| {
+        let mut learner = learner(classes);
+        learner.config.forgetting = Some(Forgetting { half_life: 70.0 });
+        learner
+    };
+    for classes in [true, false] {
+        let epochs = stream(classes, 5, 60, 3);
+        for workers in [1, 2] {
+            let outputs = run(timely::Config::process(workers), &epochs, forgetful(classes));
+            assert_matches(&outputs, &epochs, forgetful(classes));
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use dualgp_operators::model::dual::forgetting::Forgetting;
 use dualgp_operators::model::dual::presets::{LBFGS_HISTORY, MEMORY_BOUND};
 use dualgp_operators::model::{
     fit_offline, Data, EStepConfig, Family, InducingPolicy, Kernel, Likelihood, MemoryPolicy, MemoryShare,
@@ -302,6 +303,11 @@ pub struct ModelArgs {
     /// drawn anew each update, the others held in past data's message; `all`: every point.
     #[arg(long)]
     pub m_sample: Option<SampleName>,
+    /// Past records lose weight with age: a record's weight halves every this
+    /// many records that arrive after it (dual-memory; default: none, the past
+    /// keeps its weight). For streams whose level or relation drifts.
+    #[arg(long, value_name = "RECORDS")]
+    pub forget_half_life: Option<f64>,
     /// Seed of every random choice (memory sampling, Monte Carlo): runs are reproducible (default 0).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -398,6 +404,7 @@ impl ModelArgs {
             m_every: over.m_every.or(self.m_every),
             m_tolerance: over.m_tolerance.or(self.m_tolerance),
             m_sample: over.m_sample.or(self.m_sample),
+            forget_half_life: over.forget_half_life.or(self.forget_half_life),
             seed: over.seed.or(self.seed),
             var_gp_variant: over.var_gp_variant.or(self.var_gp_variant),
             var_gp_theta: over.var_gp_theta.or(self.var_gp_theta),
@@ -568,6 +575,9 @@ impl ModelArgs {
             q.m_rounds = r;
         }
         q.m_every = self.m_every.unwrap_or(q.m_every);
+        if let Some(half_life) = self.forget_half_life {
+            q.forgetting = Some(Forgetting { half_life });
+        }
         if let Some(SampleName(bound)) = self.m_sample {
             q.m_sample = bound;
         }
@@ -744,6 +754,9 @@ impl Settings {
         z: Option<DMatrix<f64>>,
         threads: usize,
     ) -> Result<Box<dyn StreamingLearner>> {
+        if method != Method::DualMemory {
+            self.refuse_forgetting(method)?;
+        }
         Ok(match method {
             Method::DualMemory => Box::new(self.sequential_learner(kernel, likelihood, z, threads)?),
             Method::Osgpr => {
@@ -761,6 +774,17 @@ impl Settings {
             }
             Method::Offline => bail!("--method offline learns all data at once, not a stream"),
         })
+    }
+
+    /// Only dual-memory forgets: the others would run as if the flag were not given.
+    fn refuse_forgetting(&self, method: Method) -> Result<()> {
+        if self.sequential.forgetting.is_some() {
+            bail!(
+                "--forget-half-life is dual-memory's: --method {} keeps the past whole",
+                method.name()
+            );
+        }
+        Ok(())
     }
 
     /// `--method dual-memory`'s learner, as [`streaming_learner`](Self::streaming_learner) makes it.
@@ -788,6 +812,7 @@ impl Settings {
         data: &Data,
         threads: usize,
     ) -> Result<OfflineModel> {
+        self.refuse_forgetting(Method::Offline)?;
         let config = OfflineConfig {
             pivot: self.sequential.pivot,
             threads,
@@ -867,6 +892,25 @@ mod tests {
         );
         assert!(given(&["--inducing", "5"]));
         assert!(given(&["--kernel", "rbf"]));
+    }
+
+    #[test]
+    fn forgetting_is_off_by_default_dual_memorys_alone_and_refuses_a_half_life_of_no_records() {
+        assert_eq!(settings(&[]).sequential.forgetting, None);
+        let forgetful = settings(&["--forget-half-life", "500"]);
+        assert_eq!(forgetful.sequential.forgetting, Some(Forgetting { half_life: 500.0 }));
+        let gaussian = Likelihood::Gaussian { variance: 0.1 };
+        for method in [Method::Osgpr, Method::VarGp] {
+            let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
+            let refused = forgetful.streaming_learner(method, kernel, gaussian.clone(), None, 1);
+            let message = refused.err().expect("refused").to_string();
+            assert!(
+                message.contains("--forget-half-life") && message.contains(method.name()),
+                "{message}"
+            );
+        }
+        let cli = Cli::try_parse_from(["dualgp", "--forget-half-life", "0"]).expect("flags parse");
+        assert!(cli.model.settings().is_err());
     }
 
     #[test]

@@ -196,6 +196,12 @@ pub struct EpochScore {
     /// Their accuracy (classes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// How far their NLPD lies above that of every labelled row before
+    /// them, in standard errors (`(nlpd − mean) / (sd / √labelled)`, the
+    /// earlier rows' mean and spread): a stream that moves away from what
+    /// the model learned shows here first. Absent for the first epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift: Option<f64>,
 }
 
 /// A replay's report, the model after the last epoch (on standardised data)
@@ -734,6 +740,8 @@ struct Scores {
     records: u64,
     labelled: u64,
     neg_log_density: f64,
+    /// `Σ (log p)²`, for the spread of the rows' NLPD.
+    squared_log_density: f64,
     squared_error: f64,
     hits: u64,
     classes: bool,
@@ -749,6 +757,7 @@ impl Scores {
         let Some(log_density) = p.log_density else { return };
         self.labelled += 1;
         self.neg_log_density -= log_density;
+        self.squared_log_density += log_density * log_density;
         if let Some(d) = p.output {
             let (n, sum) = self.by_output.entry(d).or_default();
             *n += 1;
@@ -775,10 +784,12 @@ impl Scores {
                 nlpd: epoch.nlpd(),
                 rmse: epoch.rmse(),
                 accuracy: epoch.accuracy(),
+                drift: self.drift_of(&epoch),
             });
         }
         self.labelled += epoch.labelled;
         self.neg_log_density += epoch.neg_log_density;
+        self.squared_log_density += epoch.squared_log_density;
         self.squared_error += epoch.squared_error;
         self.hits += epoch.hits;
         self.classes |= epoch.classes;
@@ -787,6 +798,14 @@ impl Scores {
             *total_n += n;
             *total_sum += sum;
         }
+    }
+
+    /// `epoch`'s NLPD against these rows' (see [`EpochScore::drift`]).
+    fn drift_of(&self, epoch: &Scores) -> Option<f64> {
+        let n = self.labelled as f64;
+        let mean = self.nlpd();
+        let sd = (self.squared_log_density / n - mean * mean).max(0.0).sqrt();
+        (self.labelled > 1 && sd > 0.0).then(|| (epoch.nlpd() - mean) / (sd / (epoch.labelled as f64).sqrt()))
     }
 
     fn nlpd_by_output(&self) -> BTreeMap<String, f64> {

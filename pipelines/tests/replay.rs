@@ -345,6 +345,54 @@ fn small_epochs_learn_as_well_as_large_ones() {
     assert!(small < large + 0.1, "epochs of 50: {small}, of 1000: {large}");
 }
 
+/// A level that jumps by 2 at row 600 of 1 200: the epoch after the jump has
+/// the report's largest drift, and with `--forget-half-life` the model
+/// follows the new level where the learner without it keeps the old one.
+#[test]
+fn after_a_level_jumps_the_drift_shows_it_and_forgetting_follows_the_new_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("jump.csv");
+    let mut text = String::from("id,x0,y\n");
+    for i in 0..1200 {
+        let x = ((i * 37) % 100) as f64 / 50.0 - 1.0;
+        let wiggle = 0.05 * ((i * 13) % 7) as f64 / 7.0;
+        let y = (2.0 * x).sin() + if i >= 600 { 2.0 } else { 0.0 } + wiggle;
+        text.push_str(&format!("{i},{x},{y}\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let replayed = |forget: &[&str]| {
+        let report = dir.path().join("report.json");
+        let (csv, out, report_path) = (
+            csv.to_str().unwrap(),
+            dir.path().join("p.parquet"),
+            report.to_str().unwrap(),
+        );
+        let mut args = vec![
+            "replay",
+            "--data",
+            csv,
+            "--likelihood",
+            "gaussian",
+            "--batch-size",
+            "100",
+        ];
+        args.extend(["--output", out.to_str().unwrap(), "--report", report_path]);
+        args.extend(forget);
+        json_report_of(&args, &report)
+    };
+    let kept = replayed(&[]);
+    let drift = |epoch: &serde_json::Value| epoch["drift"].as_f64().unwrap_or(f64::NEG_INFINITY);
+    let epochs = kept["epoch_scores"].as_array().unwrap();
+    let jumped = epochs.iter().max_by(|a, b| drift(a).total_cmp(&drift(b))).unwrap();
+    assert_eq!(jumped["epoch"], 6, "the largest drift is the jump's: {epochs:?}");
+    let forgetful = replayed(&["--forget-half-life", "100"]);
+    let (old_level, new_level) = (nlpd_from(&kept, 900), nlpd_from(&forgetful, 900));
+    assert!(
+        new_level < old_level - 1.0,
+        "rows 900 on: NLPD {new_level} forgetting, {old_level} without"
+    );
+}
+
 /// `replay --plots DIR` draws the run as the demo does: prequential scores
 /// and hyperparameters by epoch, and, the data having two inputs, the
 /// posterior's map; it says where each plot went.

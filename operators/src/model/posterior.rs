@@ -50,6 +50,12 @@ impl Sites {
         self.lambda.zip_apply(&other.lambda, |a, b| *a += scale * b);
     }
 
+    /// `self ← factor · self`: the sites of a likelihood raised to `factor`.
+    pub fn scale(&mut self, factor: f64) {
+        self.l *= factor;
+        self.lambda *= factor;
+    }
+
     /// `l ← T l`, `Λ ← T Λ Tᵀ`: the same sites in other coordinates (see
     /// [`keeping_totals`] and [`keeping_message`]).
     pub fn transform(&mut self, t: &DMatrix<f64>) {

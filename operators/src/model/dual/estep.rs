@@ -143,6 +143,25 @@ impl Anchored<'_> {
     }
 }
 
+/// How each point's expectation counts in the E-step's bound: times its
+/// weight (what forgetting has left of it), and memory points as `anchored` says.
+pub struct Counted<'a> {
+    /// Each point's weight; None: 1 each.
+    pub weights: Option<&'a [f64]>,
+    /// Memory points that stand for past data.
+    pub anchored: Option<Anchored<'a>>,
+}
+
+impl Counted<'_> {
+    fn expected(&self, i: usize, value: f64, mean: &[f64], var: &[f64]) -> f64 {
+        let value = self.weights.map_or(value, |w| w[i] * value);
+        match &self.anchored {
+            Some(a) if i >= a.from => a.expected(i, value, mean, var),
+            _ => value,
+        }
+    }
+}
+
 /// Damped sites of a set of points: `n × L` each.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PointSites {
@@ -385,7 +404,7 @@ pub fn site_update(
     cross: &Cross,
     sites: &mut PointSites,
     step: StepSize,
-    anchored: Option<&Anchored>,
+    counted: Option<&Counted>,
 ) -> (Option<f64>, PointSites) {
     let rho = step.rho;
     let n_latent = post.n_latent();
@@ -399,10 +418,7 @@ pub fn site_update(
     let mut e = Expectation::default();
     marginals.for_each_point(|i, mean, var| {
         likelihood.expectation_of(data.output(i), mean, var, data.y()[i], &mut e);
-        expected += match anchored {
-            Some(a) if i >= a.from => a.expected(i, e.value, mean, var),
-            _ => e.value,
-        };
+        expected += counted.map_or(e.value, |c| c.expected(i, e.value, mean, var));
         for (c, (&mean_c, &var_c)) in mean.iter().zip(var).enumerate() {
             let (s1_old, s2_old) = (sites.s1[(i, c)], sites.s2[(i, c)]);
             let previous = (s2_old > 0.0).then(|| s1_old / s2_old);

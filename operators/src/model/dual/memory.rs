@@ -78,6 +78,15 @@ pub struct MemoryPoint {
     /// corrects them.
     #[serde(default)]
     pub first: Option<FirstSites>,
+    /// What forgetting has left of its weight: 1 when it arrived, halved
+    /// every half-life of records since. Its sites (`s1`, `s2`, `first`) are
+    /// its likelihood's raised to this power; re-learned, it counts this much.
+    #[serde(default = "full_weight")]
+    pub weight: f64,
+}
+
+fn full_weight() -> f64 {
+    1.0
 }
 
 /// A memory point's sites from the update that first learned it.
@@ -136,6 +145,29 @@ impl Memory {
             s2: row(|p| &p.s2),
         };
         sites.totals(&post.whiten(&columns))
+    }
+
+    /// Every point's weight (and so its sites) times `factor` (see [`Forgetting`](crate::model::dual::forgetting::Forgetting)).
+    /// A reservoir key `ln(u)/h` becomes `ln(u)/(h·weight)`: the memory stays
+    /// a weighted sample of the past by what is left of it.
+    pub fn discount(&mut self, factor: f64) {
+        for point in &mut self.points {
+            point.weight *= factor;
+            point.key = (point.key / factor).max(f64::MIN);
+            for s in point.s1.iter_mut().chain(&mut point.s2) {
+                *s *= factor;
+            }
+            if let Some(first) = &mut point.first {
+                for s in first.s1.iter_mut().chain(&mut first.s2) {
+                    *s *= factor;
+                }
+            }
+        }
+    }
+
+    /// The points' weights summed (their number, without forgetting).
+    pub fn weight(&self) -> f64 {
+        self.points.iter().map(|p| p.weight).sum()
     }
 
     /// Re-expresses every contribution in new inducing inputs: `k ← Pᵀ k`

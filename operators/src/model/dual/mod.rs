@@ -6,6 +6,7 @@
 pub mod ask;
 pub mod blocks;
 pub mod estep;
+pub mod forgetting;
 pub mod memory;
 pub mod objective;
 pub mod past;

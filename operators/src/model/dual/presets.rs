@@ -80,6 +80,7 @@ impl SequentialConfig {
             },
             memory_control_variate: false,
             memory_share: MemoryShare::Estimated,
+            forgetting: None,
             seed,
         }
     }

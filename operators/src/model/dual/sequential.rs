@@ -15,6 +15,7 @@ pub use crate::model::dual::ask::Shards;
 use crate::model::dual::ask::{at_once, e_steps_beside, totals, totals_in, unexpected, Local};
 use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
+use crate::model::dual::forgetting::Forgetting;
 use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::{ConditionalTerm, PastMessage, Seen};
@@ -129,6 +130,10 @@ pub struct SequentialConfig {
     /// Checkpoints from before it held each point for itself (the paper).
     #[serde(default = "own_share")]
     pub memory_share: MemoryShare,
+    /// Past records lose weight with age (see [`Forgetting`]). None: the
+    /// past keeps its weight (the paper).
+    #[serde(default)]
+    pub forgetting: Option<Forgetting>,
     /// The seed of every random choice (reservoir keys, M-step samples).
     pub seed: u64,
 }
@@ -153,6 +158,7 @@ impl Default for SequentialConfig {
             memory: MemoryPolicy::PerBatch { k: 10, capacity: None },
             memory_control_variate: false,
             memory_share: MemoryShare::OWN,
+            forgetting: None,
             seed: 0,
         }
     }
@@ -209,6 +215,9 @@ impl SequentialConfig {
                 ));
             }
             _ => {}
+        }
+        if let Some(forgetting) = &self.forgetting {
+            forgetting.validate()?;
         }
         self.e_step.validate()
     }
@@ -282,6 +291,10 @@ pub struct SequentialLearner {
     curvature: Curvature,
     /// Records learned so far.
     pub n_seen: u64,
+    /// Their weights summed, as forgetting has left them (see
+    /// [`SequentialConfig::forgetting`]); None: `n_seen`, each record whole.
+    #[serde(default)]
+    weight_seen: Option<f64>,
     /// Batches learned so far.
     pub batches: u64,
     /// Threads this process's own updates answer their blocks on: a choice
@@ -314,6 +327,7 @@ impl SequentialLearner {
             adam,
             curvature: Curvature::default(),
             n_seen: 0,
+            weight_seen: None,
             batches: 0,
             threads: 1,
         })
@@ -389,6 +403,7 @@ impl SequentialLearner {
             let z = select_inducing(&self.kernel, &x, self.config.inducing, self.config.pivot);
             self.init(z)?;
         }
+        self.forget(x.nrows())?;
         if !self.m_step_due(x.nrows()) && !self.reaches_beyond_z(&x) {
             let ids: Vec<PointId> = arrivals.iter().map(|a| a.0).collect();
             return self.hold(shards, x.nrows(), ids).await;
@@ -452,8 +467,7 @@ impl SequentialLearner {
         self.pending = Memory::default();
         lap(&mut seconds.memory);
 
-        self.n_seen += x.nrows() as u64;
-        self.batches += 1;
+        self.count_seen(x.nrows());
         tracing::debug!(
             batch = self.batches,
             inducing = seconds.inducing,
@@ -476,8 +490,21 @@ impl SequentialLearner {
     /// Whether an update of `n` new records takes M-steps (see [`SequentialConfig::m_every`]).
     fn m_step_due(&self, n: usize) -> bool {
         // A large batch may be new ground (a task of new classes): it is not held.
-        let every = self.config.m_every;
+        let every = self.m_every();
         self.pending.len() + n >= every.min(self.n_past() as usize) || 2 * n >= every
+    }
+
+    /// Records between M-steps: [`SequentialConfig::m_every`], and at most a
+    /// half-life when forgetting, since the evidence `θ` was fitted to has
+    /// halved by then (a level that jumps: mean absolute error 0.96 with an
+    /// M-step every 4 000 records at a half-life of 1 000, 0.63 with one
+    /// every 1 000; docs/RESULTS.md).
+    fn m_every(&self) -> usize {
+        let every = self.config.m_every;
+        match self.config.forgetting {
+            Some(f) if every > 0 => every.min(f.half_life.ceil() as usize),
+            _ => every,
+        }
     }
 
     /// The pending records' inputs, then `x`'s: the batch an update with M-steps learns.
@@ -518,6 +545,41 @@ impl SequentialLearner {
         self.n_seen - self.pending.len() as u64
     }
 
+    /// Their weights summed: [`n_past`](Self::n_past) as forgetting has left it.
+    fn past_weight(&self) -> f64 {
+        match self.weight_seen {
+            Some(seen) => seen - self.pending.weight(),
+            None => self.n_past() as f64,
+        }
+    }
+
+    /// Before an update of `n` records: everything learned so far loses the
+    /// weight that forgetting takes from it as they arrive (see [`Forgetting`]).
+    fn forget(&mut self, n: usize) -> Result<()> {
+        let Some(forgetting) = self.config.forgetting else {
+            return Ok(());
+        };
+        let factor = forgetting.factor(n);
+        let post = self.posterior.as_mut().expect("initialised");
+        for totals in &mut post.whitened {
+            totals.scale(factor);
+        }
+        post.refresh_sites()?;
+        self.memory.discount(factor);
+        self.pending.discount(factor);
+        self.weight_seen = Some(self.weight_seen.unwrap_or(self.n_seen as f64) * factor);
+        Ok(())
+    }
+
+    /// An update learned `n` more records.
+    fn count_seen(&mut self, n: usize) {
+        self.n_seen += n as u64;
+        self.batches += 1;
+        if let Some(seen) = &mut self.weight_seen {
+            *seen += n as f64;
+        }
+    }
+
     /// An update without M-steps: the batch is learned by E-steps alone
     /// (the memory and the pending records hold their sites) and its
     /// records join the pending ones.
@@ -551,8 +613,7 @@ impl SequentialLearner {
         let pending = &mut self.pending.points;
         pending.append(&mut points);
         pending.sort_unstable_by_key(|p| p.id);
-        self.n_seen += n as u64;
-        self.batches += 1;
+        self.count_seen(n);
         let seconds = StepSeconds {
             e_step: clock.elapsed().as_secs_f64(),
             ..StepSeconds::default()
@@ -587,7 +648,7 @@ impl SequentialLearner {
     /// Step 1: pivoted Cholesky over `[Z; X_D]` and projection of all site
     /// totals onto the new `Z`. Returns whether `Z` changed.
     fn move_inducing(&mut self, x: &DMatrix<f64>) -> Result<bool> {
-        let n_past = self.n_past();
+        let past = self.past_weight();
         let post = self.posterior.as_mut().expect("initialised");
         let m = post.m();
         let candidates = DMatrix::from_fn(m + x.nrows(), x.ncols(), |i, j| {
@@ -597,7 +658,7 @@ impl SequentialLearner {
                 x[(i - m, j)]
             }
         });
-        let weights = past_and_batch_weights(m, n_past, x.nrows());
+        let weights = past_and_batch_weights(m, past, x.nrows());
         let mut chosen = pivoted_cholesky(
             &post.kernel,
             &candidates,
@@ -636,9 +697,10 @@ impl SequentialLearner {
         self.e_steps(shards, self.config.e_step).await
     }
 
-    /// How many past points each memory point stands for: `w = n_old / |M|`.
+    /// How many past points each memory point stands for: `w = n_old / |M|`,
+    /// by weight when forgetting has discounted both.
     fn past_per_memory_point(&self) -> f64 {
-        self.n_past() as f64 / self.memory.len() as f64
+        self.past_weight() / self.memory.weight()
     }
 
     /// Step 3b: the memory takes a share `γ` of the past from the frozen
@@ -652,7 +714,11 @@ impl SequentialLearner {
         let share = match self.config.memory_share {
             MemoryShare::Fixed(share) => share,
             MemoryShare::Estimated => match shards.ask(Query::Drift { model: self.current() }).await {
-                Answer::Drift(drift) => estimated_share(&drift.total(), self.n_past() as f64),
+                // The memory samples the past by weight: its count stands for its weight.
+                Answer::Drift(drift) => estimated_share(
+                    &drift.total(),
+                    self.past_weight() * self.memory.len() as f64 / self.memory.weight(),
+                ),
                 other => return Err(unexpected("the memory's drift", &other)),
             },
         };

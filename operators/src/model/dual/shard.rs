@@ -12,7 +12,7 @@
 //! results agree exactly rather than up to amplified rounding.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::data::Data;
 use crate::model::dual::blocks::Blocks;
 pub use crate::model::dual::blocks::{route, BlockSums, Partition, Summand, BLOCKS};
-use crate::model::dual::estep::{site_update, Anchored, PointSites, StepSize};
+use crate::model::dual::estep::{site_update, Anchored, Counted, PointSites, StepSize};
 use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
 use crate::model::dual::point::{point_uniform, PointId};
@@ -385,6 +385,9 @@ struct Block {
     /// The block's records of the batch, in id order.
     batch_ids: Vec<PointId>,
     batch: Option<Data>,
+    /// What forgetting has left of each batch record's weight: 1 but for
+    /// held records that join the batch again.
+    batch_weights: Vec<f64>,
     /// Its memory points; their columns and sites are brought up to date
     /// when the update finishes.
     memory: Vec<MemoryPoint>,
@@ -463,6 +466,7 @@ impl Block {
             block,
             batch_ids,
             batch: data.filter(|d| d.n() > 0).map(|d| d.select(&order)),
+            batch_weights: vec![1.0; ids.len()],
             memory: Vec::new(),
             control: None,
             first: PointSites::zeros(0, 0),
@@ -502,9 +506,26 @@ impl Block {
             })
             .collect();
         let data = Data::with_outputs(x, y, outputs).expect("pending points were validated when they arrived");
+        let old_weights: HashMap<PointId, f64> =
+            (self.batch_ids.iter().copied().zip(self.batch_weights.iter().copied()))
+                .chain(points.iter().map(|p| (p.id, p.weight)))
+                .collect();
         let memory = std::mem::take(&mut self.memory);
         *self = Block::new(self.block, &ids, Some(data));
+        self.batch_weights = self.batch_ids.iter().map(|id| old_weights[id]).collect();
         self.memory = memory;
+    }
+
+    /// Each point's weight (batch records, then memory points), None when
+    /// every one is 1 (no forgetting).
+    fn weights(&self) -> Option<Vec<f64>> {
+        let weights = self
+            .batch_weights
+            .iter()
+            .copied()
+            .chain(self.memory.iter().map(|p| p.weight));
+        let weights: Vec<f64> = weights.collect();
+        weights.iter().any(|&w| w != 1.0).then_some(weights)
     }
 
     /// The shard made `query`'s model ready; `Begin`'s memory is already shared out.
@@ -529,13 +550,18 @@ impl Block {
                     let [before_last, last] = &mut self.step_starts;
                     std::mem::swap(before_last, last);
                     last.clone_from(&self.sites);
-                    // Only a memory that stands for past data holds other sites than its own.
-                    let before = self.control.map(|_| self.contribution().into_owned());
-                    let anchored = self.control.map(|control| Anchored {
-                        from: self.batch_ids.len(),
-                        control,
-                        first: &self.first,
+                    // Only a memory that stands for past data, or points forgetting
+                    // has discounted, hold other sites than their own.
+                    let weights = self.weights();
+                    let counted = (self.control.is_some() || weights.is_some()).then(|| Counted {
+                        weights: weights.as_deref(),
+                        anchored: self.control.map(|control| Anchored {
+                            from: self.batch_ids.len(),
+                            control,
+                            first: &self.first,
+                        }),
                     });
+                    let before = counted.as_ref().map(|_| self.contribution().into_owned());
                     let (expected, mut change) = site_update(
                         &model.posterior,
                         &model.likelihood,
@@ -543,7 +569,7 @@ impl Block {
                         &columns.cross,
                         &mut self.sites,
                         *step,
-                        anchored.as_ref(),
+                        counted.as_ref(),
                     );
                     if let Some(before) = before {
                         change = self.contribution().into_owned();
@@ -609,12 +635,19 @@ impl Block {
         }
     }
 
-    /// The sites the block's points hold in the totals: their own, but
-    /// memory points that stand for past data.
+    /// The sites the block's points hold in the totals: their own times
+    /// their weight, but memory points that stand for past data.
     fn contribution(&self) -> Cow<'_, PointSites> {
-        match self.control {
-            None => Cow::Borrowed(&self.sites),
-            Some(control) => Cow::Owned(contribution(&self.sites, self.n_batch(), control, &self.first)),
+        let weights = self.weights();
+        match (self.control, &weights) {
+            (None, None) => Cow::Borrowed(&self.sites),
+            (control, weights) => Cow::Owned(contribution(
+                &self.sites,
+                weights.as_deref(),
+                self.n_batch(),
+                control,
+                &self.first,
+            )),
         }
     }
 
@@ -659,8 +692,16 @@ impl Block {
         };
         let post = &model.posterior;
         let n_batch = self.n_batch();
+        let forgotten = self.weights();
         let weights: Vec<f64> = (0..points.n())
-            .map(|i| if i < n_batch { 1.0 } else { memory_weight })
+            .map(|i| {
+                let left = forgotten.as_ref().map_or(1.0, |w| w[i]);
+                if i < n_batch {
+                    left
+                } else {
+                    left * memory_weight
+                }
+            })
             .collect();
         // A re-learning M-step has just recolumned under this θ: reuse the
         // columns (and the refit's sums); other ones are not those the sites
@@ -720,6 +761,7 @@ impl Block {
         debug_assert!(columns.are_under(&model.posterior), "the drift follows an E-step");
         let post = &model.posterior;
         let n_batch = self.n_batch();
+        let weights = self.weights();
         let mut drift = vec![Drift::zeros(post.m()); post.n_latent()];
         let memory = (n_batch..points.n()).collect::<Vec<_>>();
         let cross = columns.cross.select(&memory);
@@ -731,8 +773,10 @@ impl Block {
                 .expectation_of(points.output(i), mean, var, points.y()[i], &mut e);
             let a = cross.a.column(k).into_owned();
             for (c, d) in drift.iter_mut().enumerate() {
+                // First sites are held at the point's weight: so is its pull.
+                let pull = e.d_mean[c] * weights.as_ref().map_or(1.0, |w| w[i]);
                 let first_pull = self.first.s1[(k, c)] - self.first.s2[(k, c)] * mean[c];
-                d.add_point(&a, e.d_mean[c], first_pull);
+                d.add_point(&a, pull, first_pull);
             }
         });
         Answer::Drift(BlockSums::one(self.block, drift))
@@ -837,10 +881,11 @@ impl Block {
                         y: batch.y()[i],
                         output: batch.output(i),
                         column: cross.kzx.column(i).into_owned(),
-                        s1: row(&self.sites.s1, i),
-                        s2: row(&self.sites.s2, i),
+                        s1: row(&held.s1, i),
+                        s2: row(&held.s2, i),
                         key: self.keys.get(i).copied().unwrap_or(f64::MIN),
                         first: None,
+                        weight: self.batch_weights[i],
                     });
                 }
             }
@@ -850,14 +895,26 @@ impl Block {
     }
 }
 
-/// `sites` with the memory's rows (from `n_batch` on) as a control variate
-/// holds them in the totals (see [`ControlVariate::site`]).
-fn contribution(sites: &PointSites, n_batch: usize, control: ControlVariate, first: &PointSites) -> PointSites {
+/// `sites` as the totals hold them: each row times its weight (`None`: 1
+/// each), and the memory's rows (from `n_batch` on) as `control` says (see
+/// [`ControlVariate::site`]; first sites are held at their point's weight).
+fn contribution(
+    sites: &PointSites,
+    weights: Option<&[f64]>,
+    n_batch: usize,
+    control: Option<ControlVariate>,
+    first: &PointSites,
+) -> PointSites {
     let mut held = sites.clone();
+    for (i, &w) in weights.unwrap_or(&[]).iter().enumerate() {
+        held.s1.row_mut(i).scale_mut(w);
+        held.s2.row_mut(i).scale_mut(w);
+    }
+    let Some(control) = control else { return held };
     for k in 0..first.n() {
         for c in 0..sites.s1.ncols() {
             let i = n_batch + k;
-            let own = (sites.s1[(i, c)], sites.s2[(i, c)]);
+            let own = (held.s1[(i, c)], held.s2[(i, c)]);
             (held.s1[(i, c)], held.s2[(i, c)]) = control.site((first.s1[(k, c)], first.s2[(k, c)]), own);
         }
     }
@@ -894,6 +951,7 @@ mod tests {
                 s2: vec![0.0],
                 key: 0.0,
                 first: None,
+                weight: 1.0,
             })
             .collect();
         let ids: Vec<i64> = (0..60).collect();

@@ -131,9 +131,9 @@ pub fn select_inducing(kernel: &Kernel, candidates: &DMatrix<f64>, m: usize, piv
 }
 
 /// Weights for candidates made of the current inducing inputs, standing for
-/// the `n_seen` points learned so far, then the rows of a new batch.
-pub fn past_and_batch_weights(m_old: usize, n_seen: u64, n_batch: usize) -> Vec<f64> {
-    let past = n_seen as f64 / m_old.max(1) as f64;
+/// the points learned so far (`seen`, their weights summed), then the rows of a new batch.
+pub fn past_and_batch_weights(m_old: usize, seen: f64, n_batch: usize) -> Vec<f64> {
+    let past = seen / m_old.max(1) as f64;
     let mut weights = vec![past; m_old];
     weights.resize(m_old + n_batch, 1.0);
     weights

@@ -1,0 +1,201 @@
+//! Forgetting against its closed form: with a Gaussian likelihood, a learner
+//! whose records' weights halve every half-life of records is the optimal
+//! SVGP of a regression whose record `i` has noise `σ²/w_i` (a weighted
+//! Titsias posterior, computed here independently of the library), whatever
+//! the memory, the held records and the share of the past do on the way.
+
+mod common;
+
+use common::{kernel, regression_data, se, small_config, uniform, NOISE};
+use dualgp_operators::model::dual::forgetting::Forgetting;
+use dualgp_operators::model::{
+    Data, EStepConfig, InducingPolicy, Likelihood, Link, MemoryPolicy, SequentialConfig, SequentialLearner,
+    StreamingLearner,
+};
+use nalgebra::{DMatrix, DVector};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+const HALF_LIFE: f64 = 40.0;
+/// Uneven epochs: a weight follows the records that came after, not the epochs.
+const EPOCHS: [usize; 5] = [30, 17, 45, 8, 28];
+
+/// `q(u) = N(K Σ⁻¹ K_zx W y, K Σ⁻¹ K)`, `Σ = K + K_zx W K_xz`, `W = diag(w_i / σ²)`.
+fn weighted_titsias(data: &Data, weights: &[f64], z: &DMatrix<f64>, jitter: f64) -> (DVector<f64>, DMatrix<f64>) {
+    let m = z.nrows();
+    let k = se(z, z) + DMatrix::identity(m, m) * jitter;
+    let kzx = se(z, data.x());
+    let precision = DVector::from_iterator(data.n(), weights.iter().map(|w| w / NOISE));
+    let kzx_w = DMatrix::from_fn(m, data.n(), |i, j| kzx[(i, j)] * precision[j]);
+    let sigma = (&k + &kzx_w * kzx.transpose()).cholesky().unwrap();
+    (&k * sigma.solve(&(kzx_w * data.y())), &k * sigma.solve(&k))
+}
+
+/// Each record's weight once every epoch is in: halved every half-life of records after its epoch.
+fn weights_at_the_end() -> Vec<f64> {
+    let total: usize = EPOCHS.iter().sum();
+    let mut weights = Vec::new();
+    let mut seen = 0;
+    for n in EPOCHS {
+        seen += n;
+        weights.extend(std::iter::repeat_n((-((total - seen) as f64) / HALF_LIFE).exp2(), n));
+    }
+    weights
+}
+
+/// Learns `data` in [`EPOCHS`] (ids in arrival order).
+fn learn_in_epochs(learner: &mut SequentialLearner, data: &Data) {
+    let mut from = 0;
+    for n in EPOCHS {
+        let rows: Vec<usize> = (from..from + n).collect();
+        let ids: Vec<i64> = rows.iter().map(|&i| i as i64).collect();
+        learner.update_with_ids(&ids, &data.select(&rows)).unwrap();
+        from += n;
+    }
+}
+
+fn assert_is_the_weighted_posterior(config: SequentialConfig, what: &str) {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let data = regression_data(&mut rng, EPOCHS.iter().sum());
+    let z = uniform(&mut rng, 14, 2, 3.0);
+    let config = SequentialConfig {
+        inducing: z.nrows(),
+        inducing_policy: InducingPolicy::Fixed,
+        learn_inducing: false,
+        m_steps: 0,
+        // One undamped step is exact (the paper's damped ones leave 0.2⁴ of the way).
+        e_step: EStepConfig { steps: 1, rho: 1.0 },
+        forgetting: Some(Forgetting { half_life: HALF_LIFE }),
+        ..config
+    };
+    let likelihood = Likelihood::Gaussian { variance: NOISE };
+    let mut learner = SequentialLearner::new(kernel(), likelihood, config)
+        .unwrap()
+        .with_inducing(z.clone())
+        .unwrap();
+    learn_in_epochs(&mut learner, &data);
+
+    let post = learner.posterior().unwrap();
+    let (want_mean, want_cov) = weighted_titsias(&data, &weights_at_the_end(), &z, post.jitter);
+    let (mean, cov) = post.q_u(0);
+    let mean_err = (&mean - &want_mean).amax() / want_mean.amax();
+    let cov_err = (&cov - &want_cov).amax() / want_cov.amax();
+    assert!(
+        mean_err < 1e-8 && cov_err < 1e-8,
+        "{what}: q(u) mean error {mean_err:e}, covariance error {cov_err:e}"
+    );
+}
+
+#[test]
+fn forgetting_is_exact_regression_with_each_records_noise_divided_by_its_weight() {
+    let config = SequentialConfig {
+        memory: MemoryPolicy::None,
+        ..SequentialConfig::default()
+    };
+    assert_is_the_weighted_posterior(config, "the paper's learner, no memory");
+}
+
+#[test]
+fn a_re_learned_memory_counts_each_point_at_the_weight_forgetting_left_it() {
+    let config = SequentialConfig {
+        memory: MemoryPolicy::PerBatch {
+            k: 6,
+            capacity: Some(15),
+        },
+        ..SequentialConfig::default()
+    };
+    assert_is_the_weighted_posterior(config, "a bounded memory by BLS");
+}
+
+#[test]
+fn held_records_and_the_tuned_learners_share_of_the_past_keep_the_weighted_posterior() {
+    // Epochs below half of `m_every` are held and re-learned with a later one;
+    // the memory estimates its share of the past (none: Gaussian sites are exact).
+    let config = SequentialConfig {
+        m_every: 60,
+        ..SequentialConfig::tuned(5)
+    };
+    assert_is_the_weighted_posterior(config, "the tuned learner");
+}
+
+/// With a half-life of one record an epoch of 60 leaves `2⁻⁶⁰` of what came
+/// before: a classifier that learned the opposite first ends where one that
+/// never saw it does.
+#[test]
+fn a_classifier_with_a_short_half_life_forgets_what_it_learned_first() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let x = uniform(&mut rng, 120, 2, 2.0);
+    let labels = |flip: bool| DVector::from_fn(60, |i, _| f64::from((x[(i, 0)] > 0.0) != flip));
+    let first = Data::new(x.rows(0, 60).into_owned(), labels(true)).unwrap();
+    let second = Data::new(x.rows(60, 60).into_owned(), labels(false)).unwrap();
+    let config = SequentialConfig {
+        inducing: 10,
+        inducing_policy: InducingPolicy::Fixed,
+        m_steps: 0,
+        e_step: EStepConfig { steps: 6, rho: 0.8 },
+        memory: MemoryPolicy::PerBatch { k: 5, capacity: None },
+        ..small_config()
+    };
+    let z = uniform(&mut rng, 10, 2, 2.0);
+    let learner = |forgetting| {
+        let config = SequentialConfig {
+            forgetting,
+            ..config.clone()
+        };
+        let likelihood = Likelihood::Bernoulli { link: Link::Probit };
+        SequentialLearner::new(kernel(), likelihood, config)
+            .unwrap()
+            .with_inducing(z.clone())
+            .unwrap()
+    };
+    let mut forgetful = learner(Some(Forgetting { half_life: 1.0 }));
+    forgetful.update(&first).unwrap();
+    forgetful.update(&second).unwrap();
+    let mut fresh = learner(None);
+    fresh.update(&second).unwrap();
+    let grid = uniform(&mut rng, 30, 2, 2.0);
+    let (a, b) = (
+        forgetful.posterior().unwrap().predict_f(&grid),
+        fresh.posterior().unwrap().predict_f(&grid),
+    );
+    let err = (&a.mean - &b.mean).amax().max((&a.var - &b.var).amax());
+    assert!(
+        err < 1e-9,
+        "after forgetting the first epoch: {err:e} from a learner that never saw it"
+    );
+}
+
+#[test]
+fn a_checkpoint_carries_what_forgetting_has_left() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let data = regression_data(&mut rng, EPOCHS.iter().sum());
+    let config = SequentialConfig {
+        m_every: 60,
+        forgetting: Some(Forgetting { half_life: HALF_LIFE }),
+        ..SequentialConfig::tuned(2)
+    };
+    let likelihood = Likelihood::Gaussian { variance: NOISE };
+    let mut learner = SequentialLearner::new(kernel(), likelihood, config).unwrap();
+    let first: Vec<usize> = (0..75).collect();
+    learner.update(&data.select(&first)).unwrap();
+    let mut restored: SequentialLearner = serde_json::from_str(&serde_json::to_string(&learner).unwrap()).unwrap();
+    let rest: Vec<usize> = (75..data.n()).collect();
+    let ids: Vec<i64> = rest.iter().map(|&i| i as i64).collect();
+    for model in [&mut learner, &mut restored] {
+        model.update_with_ids(&ids, &data.select(&rest)).unwrap();
+    }
+    let grid = uniform(&mut rng, 20, 2, 3.0);
+    let (a, b) = (
+        learner.posterior().unwrap().predict_f(&grid),
+        restored.posterior().unwrap().predict_f(&grid),
+    );
+    assert_eq!(
+        (a.mean, a.var),
+        (b.mean, b.var),
+        "a restored learner learns on as the one never stopped"
+    );
+    assert!(
+        learner.memory.points.iter().any(|p| p.weight < 1.0),
+        "the memory's points carry their weights"
+    );
+}
