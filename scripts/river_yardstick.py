@@ -10,8 +10,9 @@ installs River and pyarrow in a virtual environment of its own.
 
 Arguments: DUALGP (a built binary) and OUT (a directory for the streams,
 the predictions and `yardstick.json`). RIVER_ROWS caps the rows taken from
-each shared data set before sorting (default 5000); RIVER_HALF_LIFE is the
-forgetting half-life of dualgp's second pair of runs (default 500 records).
+each shared data set before sorting (default 5000). dualgp runs without
+forgetting, with `--forget-half-life auto`, and with the half-life
+RIVER_HALF_LIFE (default 500 records).
 """
 
 import json
@@ -138,10 +139,10 @@ def main():
         path = os.path.join(out, f"{slug}.parquet")
         pq.write_table(table.select(["id"] + features(table) + ["y"]), path)
         row = {"kind": kind, "rows": table.num_rows}
-        for forget in ((), ("--forget-half-life", HALF_LIFE)):
+        for variant, forget in dualgp_variants().items():
             for batch in (50, 1000):
-                name_of = f"dualgp{', forgetting' if forget else ''}, epochs of {batch}"
-                row[name_of] = run_dualgp(dualgp, kind, path, batch, os.path.join(out, slug), forget)
+                row[f"dualgp{variant}, epochs of {batch}"] = run_dualgp(
+                    dualgp, kind, path, batch, os.path.join(out, slug), forget)
         for model, make in river_models(kind).items():
             started = time.time()
             row[f"River {model}"] = run_river(make, kind, table)
@@ -152,21 +153,33 @@ def main():
     print_table(results)
 
 
+def dualgp_variants():
+    """dualgp's runs by the suffix of their column: no forgetting, automatic, a fixed half-life."""
+    return {"": (), " auto": ("--forget-half-life", "auto"),
+            f" {HALF_LIFE}": ("--forget-half-life", HALF_LIFE)}
+
+
 def print_table(results):
-    """One row per stream: MAE (regression) or accuracy / log loss (classification) of each learner."""
-    learners = ["dualgp, epochs of 50", "dualgp, epochs of 1000",
-                f"forgetting ({HALF_LIFE}), epochs of 50", f"forgetting ({HALF_LIFE}), epochs of 1000",
-                "River linear", "River KNN", "River forest"]
-    print("| stream | rows | " + " | ".join(learners) + " | dualgp's prequential NLPD, 50 / 1000, forgetting 50 / 1000 |")
-    print("|---|---|" + "---|" * (len(learners) + 1))
+    """One row per stream: MAE (regression) or accuracy / log loss
+    (classification) of each learner, each epoch size; then dualgp's
+    prequential NLPD by variant."""
+    variants = list(dualgp_variants())
+    learners = [f"dualgp{v}, {b}" for v in variants for b in (50, 1000)] + ["River linear", "River KNN", "River forest"]
+    print("| stream | rows | " + " | ".join(learners) + " |")
+    print("|---|---|" + "---|" * len(learners))
     for name, row in results.items():
         figures = [v for k, v in row.items() if k not in ("kind", "rows")]
         if row["kind"] == "regression":
             shown = [f"{f['mae']:.3f}" for f in figures]
         else:
             shown = [f"{f['accuracy']:.3f} / {f['log_loss']:.3f}" for f in figures]
-        nlpd = " / ".join(f"{f['prequential_nlpd']:.3f}" for f in figures[:4])
-        print(f"| {name} | {row['rows']} | " + " | ".join(shown) + f" | {nlpd} |")
+        print(f"| {name} | {row['rows']} | " + " | ".join(shown) + " |")
+    print()
+    print("| stream | " + " | ".join(learners[:2 * len(variants)]) + " |")
+    print("|---|" + "---|" * (2 * len(variants)))
+    for name, row in results.items():
+        figures = [v for k, v in row.items() if k.startswith("dualgp")]
+        print(f"| {name} | " + " | ".join(f"{f['prequential_nlpd']:.3f}" for f in figures) + " |")
 
 
 if __name__ == "__main__":

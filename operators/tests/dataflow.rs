@@ -182,10 +182,14 @@ fn one_two_and_four_workers_match_the_model_only_learner_on_a_classification_str
 }
 
 #[test]
-fn forgetting_gives_the_same_model_on_one_and_two_workers() {
+fn forgetting_by_a_half_life_or_by_the_evidence_gives_the_same_model_on_one_and_two_workers() {
+    // The classifier's discounts are chosen from the evidence every worker's records give.
     let forgetful = |classes| {
         let mut learner = learner(classes);
-        learner.config.forgetting = Some(Forgetting { half_life: 70.0 });
+        learner.config.forgetting = Some(match classes {
+            true => Forgetting::Auto,
+            false => Forgetting::HalfLife(70.0),
+        });
         learner
     };
     for classes in [true, false] {

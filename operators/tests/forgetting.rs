@@ -65,7 +65,7 @@ fn assert_is_the_weighted_posterior(config: SequentialConfig, what: &str) {
         m_steps: 0,
         // One undamped step is exact (the paper's damped ones leave 0.2⁴ of the way).
         e_step: EStepConfig { steps: 1, rho: 1.0 },
-        forgetting: Some(Forgetting { half_life: HALF_LIFE }),
+        forgetting: Some(Forgetting::HalfLife(HALF_LIFE)),
         ..config
     };
     let likelihood = Likelihood::Gaussian { variance: NOISE };
@@ -148,7 +148,7 @@ fn a_classifier_with_a_short_half_life_forgets_what_it_learned_first() {
             .with_inducing(z.clone())
             .unwrap()
     };
-    let mut forgetful = learner(Some(Forgetting { half_life: 1.0 }));
+    let mut forgetful = learner(Some(Forgetting::HalfLife(1.0)));
     forgetful.update(&first).unwrap();
     forgetful.update(&second).unwrap();
     let mut fresh = learner(None);
@@ -171,7 +171,7 @@ fn a_checkpoint_carries_what_forgetting_has_left() {
     let data = regression_data(&mut rng, EPOCHS.iter().sum());
     let config = SequentialConfig {
         m_every: 60,
-        forgetting: Some(Forgetting { half_life: HALF_LIFE }),
+        forgetting: Some(Forgetting::HalfLife(HALF_LIFE)),
         ..SequentialConfig::tuned(2)
     };
     let likelihood = Likelihood::Gaussian { variance: NOISE };
@@ -198,4 +198,62 @@ fn a_checkpoint_carries_what_forgetting_has_left() {
         learner.memory.points.iter().any(|p| p.weight < 1.0),
         "the memory's points carry their weights"
     );
+}
+
+/// Automatic forgetting keeps the past while the stream stays put and
+/// discounts it in the epoch where the level jumps: the jump's records are
+/// far more probable under a discounted model, the stationary ones are not.
+#[test]
+fn auto_forgetting_discounts_where_the_level_jumps_and_nowhere_else() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let data = regression_data(&mut rng, 480);
+    let jumped: Vec<f64> = (0..data.n())
+        .map(|i| data.y()[i] + if i >= 300 { 3.0 } else { 0.0 })
+        .collect();
+    let data = Data::new(data.x().clone(), DVector::from_vec(jumped)).unwrap();
+    let config = SequentialConfig {
+        inducing: 20,
+        m_steps: 0,
+        forgetting: Some(Forgetting::Auto),
+        ..SequentialConfig::tuned(1)
+    };
+    let likelihood = Likelihood::Gaussian { variance: NOISE };
+    let mut learner = SequentialLearner::new(kernel(), likelihood, config).unwrap();
+    let discounts: Vec<f64> = (0..8)
+        .map(|epoch| {
+            let rows: Vec<usize> = (60 * epoch..60 * (epoch + 1)).collect();
+            learner.update(&data.select(&rows)).unwrap().discount
+        })
+        .collect();
+    assert!(
+        discounts[..5].iter().all(|&d| d == 1.0),
+        "before the jump: {discounts:?}"
+    );
+    assert!(discounts[5] < 0.6, "at the jump: {discounts:?}");
+}
+
+/// With a half-life of one record, weights would underflow to 0 within a
+/// few epochs of 60 and leave the memory standing for 0/0: points with next
+/// to no weight leave it, and the learner goes on.
+#[test]
+fn points_forgotten_to_nothing_leave_and_the_learner_goes_on() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let data = regression_data(&mut rng, 60 * 25);
+    let config = SequentialConfig {
+        inducing: 12,
+        m_every: 200,
+        forgetting: Some(Forgetting::HalfLife(1.0)),
+        ..SequentialConfig::tuned(3)
+    };
+    let mut learner = SequentialLearner::new(kernel(), Likelihood::Gaussian { variance: NOISE }, config).unwrap();
+    for epoch in 0..25 {
+        let rows: Vec<usize> = (60 * epoch..60 * (epoch + 1)).collect();
+        learner.update(&data.select(&rows)).unwrap();
+    }
+    assert!(
+        learner.memory.points.iter().all(|p| p.weight >= 1e-9),
+        "only points with weight stay"
+    );
+    let f = learner.posterior().unwrap().predict_f(&uniform(&mut rng, 10, 2, 3.0));
+    assert!(f.mean.iter().chain(f.var.iter()).all(|v| v.is_finite()), "{f:?}");
 }

@@ -2,7 +2,8 @@
 //! on a small HTTP endpoint (127.0.0.1 by default; `tiny_http`, which reads
 //! each client on its own thread, so a client that connects and says nothing
 //! holds up no one): counters of records in and out, dead letters by reason, updates
-//! applied and failed, epochs; histograms of epoch latency (first record
+//! applied and failed, epochs; the last update's forgetting discount;
+//! histograms of epoch latency (first record
 //! read → predictions delivered) and of staleness (epochs a record's model
 //! lagged behind it). The names are a contract: outside checks read them.
 
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dualgp_connectors::DeadLetter;
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// Every metric `serve` keeps; clones share the counts.
 #[derive(Clone)]
@@ -32,6 +33,8 @@ pub struct Metrics {
     pub records_shed: IntCounter,
     /// Epochs read (the most any worker has read).
     pub epochs: IntCounter,
+    /// What forgetting left of the past's weight at the last update applied.
+    pub forgetting_discount: Gauge,
     /// The most epochs any worker has read: workers raise `epochs` to it
     /// without a lock.
     epochs_seen: Arc<AtomicU64>,
@@ -67,6 +70,14 @@ impl Default for Metrics {
                 "Labelled records scored and not learned, to hold the models within --max-staleness.",
             ),
             epochs: counter("dualgp_epochs_total", "Epochs read."),
+            forgetting_discount: {
+                let help = "What forgetting left of the past's weight at the last update (1: nothing forgotten; \
+                            well below 1 under --forget-half-life auto: the stream moved).";
+                let g = Gauge::new("dualgp_forgetting_discount", help).expect("a valid metric name");
+                g.set(1.0);
+                registry.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
             epochs_seen: Arc::default(),
             epoch_latency: histogram(
                 "dualgp_epoch_latency_seconds",
@@ -255,6 +266,7 @@ mod tests {
             }),
         ]);
         metrics.updates_failed.inc();
+        metrics.forgetting_discount.set(0.25);
         metrics.saw_epochs(4);
         metrics.saw_epochs(3);
         for s in [0.02, 0.3, 0.3, 7.0] {
@@ -291,6 +303,7 @@ mod tests {
             "dualgp_updates_total 0",
             "dualgp_updates_failed_total 1",
             "dualgp_epochs_total 4",
+            "dualgp_forgetting_discount 0.25",
             "# TYPE dualgp_epoch_latency_seconds histogram",
             "dualgp_epoch_latency_seconds_bucket{le=\"0.025\"} 1",
             "dualgp_epoch_latency_seconds_bucket{le=\"0.5\"} 3",

@@ -159,6 +159,46 @@ impl TryFrom<String> for MemoryShareName {
     }
 }
 
+/// `--forget-half-life`: records after which a record's weight halves, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(try_from = "NumberOrWord")]
+pub struct ForgettingName(pub Forgetting);
+
+/// A pipeline file's value that is a number or a word (`500` or `"auto"`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrWord {
+    Number(f64),
+    Word(String),
+}
+
+impl std::str::FromStr for ForgettingName {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let forgetting = match s {
+            "auto" => Forgetting::Auto,
+            _ => Forgetting::HalfLife(
+                s.parse()
+                    .map_err(|_| format!("{s}: give a number of records or auto"))?,
+            ),
+        };
+        forgetting.validate().map_err(|e| format!("{s}: {e}"))?;
+        Ok(ForgettingName(forgetting))
+    }
+}
+
+impl TryFrom<NumberOrWord> for ForgettingName {
+    type Error = String;
+
+    fn try_from(value: NumberOrWord) -> std::result::Result<Self, String> {
+        match value {
+            NumberOrWord::Number(n) => n.to_string().parse(),
+            NumberOrWord::Word(s) => s.parse(),
+        }
+    }
+}
+
 /// `--m-sample`: how many points of the batch and memory the M-step works on, or `all`.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(try_from = "String")]
@@ -304,10 +344,11 @@ pub struct ModelArgs {
     #[arg(long)]
     pub m_sample: Option<SampleName>,
     /// Past records lose weight with age: a record's weight halves every this
-    /// many records that arrive after it (dual-memory; default: none, the past
-    /// keeps its weight). For streams whose level or relation drifts.
-    #[arg(long, value_name = "RECORDS")]
-    pub forget_half_life: Option<f64>,
+    /// many records that arrive after it, or `auto`: each update picks the
+    /// discount under which its batch was most probable (dual-memory;
+    /// default: none, the past keeps its weight). For streams that drift.
+    #[arg(long, value_name = "RECORDS|auto")]
+    pub forget_half_life: Option<ForgettingName>,
     /// Seed of every random choice (memory sampling, Monte Carlo): runs are reproducible (default 0).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -575,8 +616,8 @@ impl ModelArgs {
             q.m_rounds = r;
         }
         q.m_every = self.m_every.unwrap_or(q.m_every);
-        if let Some(half_life) = self.forget_half_life {
-            q.forgetting = Some(Forgetting { half_life });
+        if let Some(ForgettingName(forgetting)) = self.forget_half_life {
+            q.forgetting = Some(forgetting);
         }
         if let Some(SampleName(bound)) = self.m_sample {
             q.m_sample = bound;
@@ -898,7 +939,9 @@ mod tests {
     fn forgetting_is_off_by_default_dual_memorys_alone_and_refuses_a_half_life_of_no_records() {
         assert_eq!(settings(&[]).sequential.forgetting, None);
         let forgetful = settings(&["--forget-half-life", "500"]);
-        assert_eq!(forgetful.sequential.forgetting, Some(Forgetting { half_life: 500.0 }));
+        assert_eq!(forgetful.sequential.forgetting, Some(Forgetting::HalfLife(500.0)));
+        let auto = settings(&["--forget-half-life", "auto"]);
+        assert_eq!(auto.sequential.forgetting, Some(Forgetting::Auto));
         let gaussian = Likelihood::Gaussian { variance: 0.1 };
         for method in [Method::Osgpr, Method::VarGp] {
             let kernel = Kernel::stationary(Family::Matern52, 1.0, vec![1.0]);
@@ -909,8 +952,21 @@ mod tests {
                 "{message}"
             );
         }
-        let cli = Cli::try_parse_from(["dualgp", "--forget-half-life", "0"]).expect("flags parse");
-        assert!(cli.model.settings().is_err());
+        for refused in ["0", "-3", "never"] {
+            assert!(
+                Cli::try_parse_from(["dualgp", "--forget-half-life", refused]).is_err(),
+                "{refused}"
+            );
+        }
+        // A pipeline file's [model] table takes a number or the word.
+        for (toml_line, want) in [
+            ("forget_half_life = 500", Forgetting::HalfLife(500.0)),
+            ("forget_half_life = \"auto\"", Forgetting::Auto),
+        ] {
+            let args: ModelArgs = toml::from_str(toml_line).unwrap();
+            assert_eq!(args.forget_half_life, Some(ForgettingName(want)));
+        }
+        assert!(toml::from_str::<ModelArgs>("forget_half_life = 0").is_err());
     }
 
     #[test]

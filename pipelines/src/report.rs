@@ -51,12 +51,14 @@ fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
 }
 
 fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
-    let root = SVGBackend::new(path, (900, 400)).into_drawing_area();
+    let root = SVGBackend::new(path, (1350, 400)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let (left, right) = root.split_horizontally(450);
+    let areas = root.split_evenly((1, 3));
     let scores = &replay.epoch_scores;
     let epochs = epoch_axis(scores.iter().map(|s| s.epoch));
-    let series: [(&str, Vec<(i64, f64)>); 2] = [
+    // Drift runs from a few standard errors to thousands at a jump: a signed log shows both.
+    let signed_log = |z: f64| z.signum() * z.abs().ln_1p() / std::f64::consts::LN_10;
+    let series: [(&str, Vec<(i64, f64)>); 3] = [
         (
             "prequential NLPD",
             scores.iter().map(|s| (s.epoch as i64, s.nlpd)).collect(),
@@ -72,8 +74,15 @@ fn prequential(path: &Path, replay: &ReplayReport) -> Result<()> {
                 .filter_map(|s| s.rmse.or(s.accuracy).map(|v| (s.epoch as i64, v)))
                 .collect(),
         ),
+        (
+            "drift: NLPD against the rows before, ±log10(1 + |z|)",
+            scores
+                .iter()
+                .filter_map(|s| s.drift.map(|z| (s.epoch as i64, signed_log(z))))
+                .collect(),
+        ),
     ];
-    for (area, (name, points)) in [left, right].iter().zip(series) {
+    for (area, (name, points)) in areas.iter().zip(series) {
         let mut chart = ChartBuilder::on(area)
             .caption(name, ("sans-serif", 18))
             .margin(12)

@@ -249,8 +249,9 @@ impl Ends for KafkaEnds {
         let updates = gp.updates.inspect(move |u| {
             m3.records_shed.inc_by(u.shed);
             match &u.outcome {
-                Ok(_) => {
+                Ok(report) => {
                     m3.updates.inc();
+                    m3.forgetting_discount.set(report.discount);
                     t3.learned(u.epoch);
                 }
                 Err(why) => {

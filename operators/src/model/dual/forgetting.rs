@@ -13,6 +13,9 @@
 //! for is the sum of the past's weights, and past data's message, made from
 //! the discounted totals, says only what is left.
 //!
+//! [`Forgetting::Auto`] picks each update's discount from how probable its
+//! batch is under each candidate before it is learned ([`Evidence`]).
+//!
 //! Discounting the sites rather than adding a temporal kernel keeps the
 //! model's inputs and `m` inducing inputs for the space the user's features
 //! span (a time input would need inducing inputs along time, spent anew as it
@@ -22,47 +25,171 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
 
-/// Records' weights halve every `half_life` records that arrive after them.
+/// How past records lose weight.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Forgetting {
-    /// Records after which a record's weight has halved.
-    pub half_life: f64,
+#[serde(rename_all = "kebab-case")]
+pub enum Forgetting {
+    /// A record's weight halves every this many records that arrive after it.
+    HalfLife(f64),
+    /// Each update picks its discount from the prequential evidence of its
+    /// batch: among those of [`AUTO_HALF_LIVES`] under which the batch,
+    /// scored before it is learned, is significantly more probable than
+    /// under no discount, the one that gains most (see [`Evidence::chosen`]).
+    Auto,
 }
+
+/// The half-lives, in records, among which [`Forgetting::Auto`] chooses.
+pub const AUTO_HALF_LIVES: [f64; 6] = [4.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0];
 
 impl Forgetting {
     /// Refuses a half-life that is not a positive number of records.
     pub fn validate(&self) -> Result<()> {
-        if !(self.half_life > 0.0 && self.half_life.is_finite()) {
-            return Err(ModelError::Config(format!(
-                "the forgetting half-life {} must be a positive number of records",
-                self.half_life
-            )));
+        match *self {
+            Forgetting::HalfLife(h) if !(h > 0.0 && h.is_finite()) => Err(ModelError::Config(format!(
+                "the forgetting half-life {h} must be a positive number of records"
+            ))),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
-    /// What is left of a weight once `records` more have arrived.
-    pub fn factor(&self, records: usize) -> f64 {
-        (-(records as f64) / self.half_life).exp2()
+    /// The discounts an update of `records` new ones may apply: one for a
+    /// half-life; for [`Auto`](Forgetting::Auto), none (1) first, then
+    /// [`AUTO_HALF_LIVES`]' in turn.
+    pub fn candidates(&self, records: usize) -> Vec<f64> {
+        match *self {
+            Forgetting::HalfLife(h) => vec![halved(records, h)],
+            Forgetting::Auto => std::iter::once(1.0)
+                .chain(AUTO_HALF_LIVES.iter().map(|&h| halved(records, h)))
+                .collect(),
+        }
     }
+
+    /// Records between M-steps at most: a half-life, since the evidence `θ`
+    /// was fitted to has halved by then (none for [`Auto`](Forgetting::Auto),
+    /// whose strong discounts take their M-steps at once).
+    pub fn m_every_cap(&self) -> Option<usize> {
+        match *self {
+            Forgetting::HalfLife(h) => Some(h.ceil() as usize),
+            Forgetting::Auto => None,
+        }
+    }
+}
+
+/// A paired test's statistic above which a discount's gain counts as
+/// significant: about one chance in a thousand of a stationary batch's noise.
+const SIGNIFICANT: f64 = 3.0;
+
+/// What a batch says of the candidate discounts (see [`Forgetting::candidates`]):
+/// per candidate, its records' log predictive densities minus those under
+/// the first candidate (no discount), summed, and their squares summed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// `Σ_i d_ik`, `d_ik = log p_k(y_i) − log p_0(y_i)`.
+    pub gain: Vec<f64>,
+    /// `Σ_i d_ik²`.
+    pub gain_sq: Vec<f64>,
+    /// The records summed.
+    pub records: f64,
+}
+
+impl Evidence {
+    /// Adds a record's log predictive density under each candidate.
+    pub fn add_record(&mut self, log_densities: &[f64]) {
+        if self.gain.is_empty() {
+            self.gain = vec![0.0; log_densities.len()];
+            self.gain_sq = vec![0.0; log_densities.len()];
+        }
+        for (k, &log_p) in log_densities.iter().enumerate() {
+            let d = log_p - log_densities[0];
+            self.gain[k] += d;
+            self.gain_sq[k] += d * d;
+        }
+        self.records += 1.0;
+    }
+
+    /// Adds another share's sums.
+    pub fn add(&mut self, other: &Evidence) {
+        if self.gain.is_empty() {
+            *self = other.clone();
+            return;
+        }
+        for k in 0..self.gain.len().min(other.gain.len()) {
+            self.gain[k] += other.gain[k];
+            self.gain_sq[k] += other.gain_sq[k];
+        }
+        self.records += other.records;
+    }
+
+    /// The candidate (an index into [`Forgetting::candidates`]) to apply:
+    /// of those whose gain over no discount passes a paired test (its
+    /// records' mean gain over its standard error above [`SIGNIFICANT`]),
+    /// the one that gains most; 0 (no discount) if none does. A model that
+    /// is only a little overconfident gains a little on every record from
+    /// any discount; a stream that moved gains a lot on most of them.
+    pub fn chosen(&self) -> usize {
+        let n = self.records;
+        let significant = |k: usize| {
+            let mean = self.gain[k] / n;
+            let spread = (self.gain_sq[k] / n - mean * mean).max(0.0).sqrt();
+            mean > 0.0 && (spread == 0.0 || mean / (spread / n.sqrt()) > SIGNIFICANT)
+        };
+        (1..self.gain.len())
+            .filter(|&k| self.gain[k].is_finite() && significant(k))
+            .max_by(|&a, &b| self.gain[a].total_cmp(&self.gain[b]))
+            .unwrap_or(0)
+    }
+}
+
+/// What is left of a weight once `records` more have arrived, at half-life `half_life`.
+fn halved(records: usize, half_life: f64) -> f64 {
+    (-(records as f64) / half_life).exp2()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Forgetting;
+    use super::{Evidence, Forgetting};
 
     #[test]
     fn a_weight_halves_every_half_life_however_the_records_come() {
-        let forgetting = Forgetting { half_life: 300.0 };
-        assert_eq!(forgetting.factor(0), 1.0);
-        assert!((forgetting.factor(300) - 0.5).abs() < 1e-15);
-        let in_steps = forgetting.factor(100) * forgetting.factor(250) * forgetting.factor(250);
+        let forgetting = Forgetting::HalfLife(300.0);
+        let factor = |n| forgetting.candidates(n)[0];
+        assert_eq!(factor(0), 1.0);
+        assert!((factor(300) - 0.5).abs() < 1e-15);
+        let in_steps = factor(100) * factor(250) * factor(250);
         assert!((in_steps - 0.25).abs() < 1e-15, "{in_steps}");
-        assert!(Forgetting { half_life: 0.0 }.validate().is_err());
-        assert!(Forgetting {
-            half_life: f64::INFINITY
-        }
-        .validate()
-        .is_err());
+        assert!(Forgetting::HalfLife(0.0).validate().is_err());
+        assert!(Forgetting::HalfLife(f64::INFINITY).validate().is_err());
+    }
+
+    #[test]
+    fn auto_forgets_only_when_a_discount_gains_significantly_on_the_batchs_records() {
+        let candidates = Forgetting::Auto.candidates(100);
+        assert_eq!(candidates[0], 1.0);
+        assert!(
+            candidates.windows(2).skip(1).all(|w| w[0] < w[1]),
+            "shortest half-life first: {candidates:?}"
+        );
+        let evidence = |records: &[[f64; 3]]| {
+            let mut e = Evidence::default();
+            records.iter().for_each(|r| e.add_record(r));
+            e
+        };
+        // Candidate 2 gains most on two records and loses on two: noise.
+        let noise = evidence(&[
+            [-1.0, -0.9, 0.0],
+            [-1.0, -1.1, -2.5],
+            [-1.0, -0.9, 0.2],
+            [-1.0, -1.0, -2.4],
+        ]);
+        assert_eq!(noise.chosen(), 0);
+        // Every record gains from both; candidate 1 gains more.
+        let moved: Vec<[f64; 3]> = (0..20).map(|i| [-5.0, -1.0 + 0.01 * i as f64, -2.0]).collect();
+        assert_eq!(evidence(&moved).chosen(), 1);
+        let mut failed = evidence(&moved);
+        failed.gain[1] = f64::NAN;
+        assert_eq!(failed.chosen(), 2, "a gain that failed is never chosen");
+        let (mut halves, whole) = (evidence(&moved[..7]), evidence(&moved));
+        halves.add(&evidence(&moved[7..]));
+        assert_eq!(halves.chosen(), whole.chosen());
     }
 }

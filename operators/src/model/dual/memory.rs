@@ -165,6 +165,15 @@ impl Memory {
         }
     }
 
+    /// Takes out the points whose weight forgetting has brought below `floor`.
+    pub fn take_below(&mut self, floor: f64) -> Memory {
+        let (gone, kept) = std::mem::take(&mut self.points)
+            .into_iter()
+            .partition(|p| p.weight < floor);
+        self.points = kept;
+        Memory::of(gone)
+    }
+
     /// The points' weights summed (their number, without forgetting).
     pub fn weight(&self) -> f64 {
         self.points.iter().map(|p| p.weight).sum()

@@ -235,6 +235,10 @@ fn tenth() -> f64 {
     0.1
 }
 
+fn whole() -> f64 {
+    1.0
+}
+
 /// What one update did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpdateReport {
@@ -248,6 +252,10 @@ pub struct UpdateReport {
     pub moved_inducing: bool,
     /// Objective evaluations the M-step took.
     pub m_evaluations: usize,
+    /// What forgetting left of the weight of everything learned before this
+    /// batch (1: nothing forgotten; see [`SequentialConfig::forgetting`]).
+    #[serde(default = "whole")]
+    pub discount: f64,
     /// Where the update's time went.
     pub seconds: StepSeconds,
 }
@@ -403,10 +411,13 @@ impl SequentialLearner {
             let z = select_inducing(&self.kernel, &x, self.config.inducing, self.config.pivot);
             self.init(z)?;
         }
-        self.forget(x.nrows())?;
-        if !self.m_step_due(x.nrows()) && !self.reaches_beyond_z(&x) {
+        let discount = self.discount(shards, x.nrows()).await?;
+        self.forget(discount)?;
+        // A strong discount is a stream that moved: its M-step comes at once.
+        let drifted = discount < 0.5;
+        if !self.m_step_due(x.nrows()) && !drifted && !self.reaches_beyond_z(&x) {
             let ids: Vec<PointId> = arrivals.iter().map(|a| a.0).collect();
-            return self.hold(shards, x.nrows(), ids).await;
+            return self.hold(shards, x.nrows(), ids, discount).await;
         }
         let sample = self.m_step_sample(arrivals.iter().map(|a| a.0));
 
@@ -483,6 +494,7 @@ impl SequentialLearner {
             memory: self.memory.len(),
             moved_inducing,
             m_evaluations,
+            discount,
             seconds,
         })
     }
@@ -501,8 +513,8 @@ impl SequentialLearner {
     /// every 1 000; docs/RESULTS.md).
     fn m_every(&self) -> usize {
         let every = self.config.m_every;
-        match self.config.forgetting {
-            Some(f) if every > 0 => every.min(f.half_life.ceil() as usize),
+        match self.config.forgetting.and_then(|f| f.m_every_cap()) {
+            Some(cap) if every > 0 => every.min(cap),
             _ => every,
         }
     }
@@ -553,20 +565,53 @@ impl SequentialLearner {
         }
     }
 
-    /// Before an update of `n` records: everything learned so far loses the
-    /// weight that forgetting takes from it as they arrive (see [`Forgetting`]).
-    fn forget(&mut self, n: usize) -> Result<()> {
+    /// What is left of the weight of everything learned so far once `n`
+    /// more records arrive (see [`Forgetting`]): 1 without forgetting; the
+    /// automatic mode asks the shards how probable the batch is under each
+    /// candidate discount and takes the one [`Evidence::chosen`](crate::model::dual::forgetting::Evidence::chosen) picks.
+    async fn discount(&self, shards: &mut impl Shards, n: usize) -> Result<f64> {
         let Some(forgetting) = self.config.forgetting else {
-            return Ok(());
+            return Ok(1.0);
         };
-        let factor = forgetting.factor(n);
+        let candidates = forgetting.candidates(n);
+        if candidates.len() == 1 || self.n_seen == 0 {
+            return Ok(candidates[0]);
+        }
+        let mut models = Vec::with_capacity(candidates.len());
+        for &factor in &candidates {
+            let mut post = self.require()?.clone();
+            post.whitened.iter_mut().for_each(|totals| totals.scale(factor));
+            post.refresh_sites()?;
+            models.push(Snapshot::of(&post, &self.likelihood));
+        }
+        let evidence = match shards.ask(Query::Evidence { models }).await {
+            Answer::Evidence(evidence) => evidence.total(),
+            other => return Err(unexpected("the batch's evidence", &other)),
+        };
+        let chosen = candidates[evidence.chosen()];
+        tracing::debug!(batch = self.batches, discount = chosen, gain = ?evidence.gain, "forgetting");
+        Ok(chosen)
+    }
+
+    /// Everything learned so far keeps `factor` of its weight.
+    fn forget(&mut self, factor: f64) -> Result<()> {
+        if factor == 1.0 {
+            return Ok(());
+        }
         let post = self.posterior.as_mut().expect("initialised");
         for totals in &mut post.whitened {
             totals.scale(factor);
         }
+        for held in [&mut self.memory, &mut self.pending] {
+            held.discount(factor);
+            // Points with next to no weight leave, their contribution with them
+            // (a weight that underflowed would leave the memory standing for 0/0).
+            let gone = held.take_below(NEGLIGIBLE_WEIGHT).whitened_totals(post);
+            for (totals, gone) in post.whitened.iter_mut().zip(&gone) {
+                totals.add(gone, -1.0);
+            }
+        }
         post.refresh_sites()?;
-        self.memory.discount(factor);
-        self.pending.discount(factor);
         self.weight_seen = Some(self.weight_seen.unwrap_or(self.n_seen as f64) * factor);
         Ok(())
     }
@@ -583,7 +628,13 @@ impl SequentialLearner {
     /// An update without M-steps: the batch is learned by E-steps alone
     /// (the memory and the pending records hold their sites) and its
     /// records join the pending ones.
-    async fn hold(&mut self, shards: &mut impl Shards, n: usize, ids: Vec<PointId>) -> Result<UpdateReport> {
+    async fn hold(
+        &mut self,
+        shards: &mut impl Shards,
+        n: usize,
+        ids: Vec<PointId>,
+        discount: f64,
+    ) -> Result<UpdateReport> {
         let clock = Instant::now();
         // `Z` stays: the next M-step's update moves it with the pending
         // records among its candidates and re-learns them exactly under the
@@ -630,6 +681,7 @@ impl SequentialLearner {
             memory: self.memory.len(),
             moved_inducing: false,
             m_evaluations: 0,
+            discount,
             seconds,
         })
     }
@@ -1243,6 +1295,9 @@ const NEW_GROUND: f64 = 3.0;
 
 /// ... and the share below which `Z` counts as explaining a batch in full.
 const EXPLAINED: f64 = 0.02;
+
+/// A remembered or held point whose weight forgetting has brought below this leaves.
+const NEGLIGIBLE_WEIGHT: f64 = 1e-9;
 
 /// How many spreads of `Z` along an input the M-step's search scale may reach.
 const Z_SCALE_CAP: f64 = 10.0;

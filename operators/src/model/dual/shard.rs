@@ -21,6 +21,7 @@ use crate::model::data::Data;
 use crate::model::dual::blocks::Blocks;
 pub use crate::model::dual::blocks::{route, BlockSums, Partition, Summand, BLOCKS};
 use crate::model::dual::estep::{site_update, Anchored, Counted, PointSites, StepSize};
+use crate::model::dual::forgetting::Evidence;
 use crate::model::dual::memory::{bayesian_leverage_scores, reservoir_key, MemoryPoint};
 use crate::model::dual::objective::DataTerms;
 use crate::model::dual::point::{point_uniform, PointId};
@@ -35,6 +36,12 @@ use crate::model::posterior::{Cross, DualPosterior, Sites};
 pub enum Query {
     /// The batch's inputs (only the round that announces a batch answers it).
     Arrivals,
+    /// The batch's log predictive density under each of `models`, before
+    /// anything is learned from it: the evidence automatic forgetting weighs.
+    Evidence {
+        /// The models, over the same kernel and `Z`.
+        models: Vec<Snapshot>,
+    },
     /// Start from zero sites on the batch and the memory points this shard
     /// owns, under `model`; each memory point stands for itself. `pending`
     /// points, learned by earlier updates since the last M-step, join the
@@ -155,6 +162,8 @@ pub enum Answer {
     Memory(Vec<MemoryPoint>),
     /// What the memory shows of its first sites' bias, per latent.
     Drift(BlockSums<Vec<Drift>>),
+    /// What the batch says of the models asked about.
+    Evidence(BlockSums<Evidence>),
 }
 
 impl Answer {
@@ -174,6 +183,7 @@ impl Answer {
             (Answer::Step(a), Answer::Step(b)) => Answer::Step(a.merge(b)),
             (Answer::Terms(a), Answer::Terms(b)) => Answer::Terms(a.merge(b)),
             (Answer::Drift(a), Answer::Drift(b)) => Answer::Drift(a.merge(b)),
+            (Answer::Evidence(a), Answer::Evidence(b)) => Answer::Evidence(a.merge(b)),
             (Answer::Keys(mut a), Answer::Keys(b)) => {
                 a.extend(b);
                 a.sort_by_key(|k| k.0);
@@ -212,6 +222,12 @@ impl Summand for SiteStep {
     fn add(&mut self, other: &Self) {
         self.expected = self.expected.zip(other.expected).map(|(a, b)| a + b);
         self.change.add(&other.change);
+    }
+}
+
+impl Summand for Evidence {
+    fn add(&mut self, other: &Self) {
+        Evidence::add(self, other);
     }
 }
 
@@ -277,7 +293,11 @@ impl Shard {
 
     /// This shard's answer to `query`, its state moved on.
     pub fn answer(&mut self, mut query: Query) -> Answer {
-        if let Some(model) = query.model_mut() {
+        let models: Vec<&mut Snapshot> = match &mut query {
+            Query::Evidence { models } => models.iter_mut().collect(),
+            query => query.model_mut().into_iter().collect(),
+        };
+        for model in models {
             // A snapshot that came through serialisation lacks its cached factors.
             model
                 .ensure_factors()
@@ -362,7 +382,9 @@ macro_rules! model_of {
             | Query::Drift { model }
             | Query::Keys { model, .. }
             | Query::Finish { model, .. } => Some(model),
-            Query::Arrivals | Query::Focus { .. } | Query::Restore | Query::Leave { .. } => None,
+            Query::Arrivals | Query::Evidence { .. } | Query::Focus { .. } | Query::Restore | Query::Leave { .. } => {
+                None
+            }
         }
     };
 }
@@ -542,6 +564,7 @@ impl Block {
         let held = matches!(query, Query::Recolumn { .. }).then(|| self.contribution().into_owned());
         match query {
             Query::Arrivals => self.arrivals(),
+            Query::Evidence { models } => self.evidence(models),
             Query::Focus { .. } => Answer::Nothing,
             Query::Begin { model, .. } => self.begin(model),
             Query::EStep { model, step } => match (&self.points, &self.columns) {
@@ -633,6 +656,26 @@ impl Block {
             ),
             None => Answer::Nothing,
         }
+    }
+
+    /// Each batch record's log predictive density under each model (the
+    /// same kernel and `Z`), against the first model's.
+    fn evidence(&self, models: &[Snapshot]) -> Answer {
+        let (Some(batch), Some(first)) = (&self.batch, models.first()) else {
+            return Answer::Nothing;
+        };
+        let cross = first.posterior.cross(batch.x());
+        let mut log_densities = vec![vec![0.0; models.len()]; batch.n()];
+        for (k, model) in models.iter().enumerate() {
+            model.posterior.marginals(&cross).for_each_point(|i, mean, var| {
+                log_densities[i][k] = model
+                    .likelihood
+                    .log_predictive_of(batch.output(i), mean, var, batch.y()[i]);
+            });
+        }
+        let mut evidence = Evidence::default();
+        log_densities.iter().for_each(|record| evidence.add_record(record));
+        Answer::Evidence(BlockSums::one(self.block, evidence))
     }
 
     /// The sites the block's points hold in the totals: their own times
