@@ -167,6 +167,10 @@ pub struct ReplayReport {
     pub failed_updates: Vec<(u64, String)>,
     /// The prequential figures of each epoch.
     pub epoch_scores: Vec<EpochScore>,
+    /// The updates that discounted the past (`--forget-half-life`), by epoch,
+    /// with what each left of its weight; under `auto`, where the stream moved.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub discounts: Vec<(u64, f64)>,
     /// The kernel and likelihood hyperparameters after each update, on the
     /// standardised scale, by name.
     pub hyperparameters: Vec<EpochHyperparameters>,
@@ -241,6 +245,7 @@ struct Gathered {
     failed_updates: Vec<(u64, String)>,
     last_model: Option<SequentialLearner>,
     hyperparameters: Vec<(u64, Vec<(String, f64)>)>,
+    discounts: Vec<(u64, f64)>,
     error: Option<String>,
 }
 
@@ -254,8 +259,10 @@ impl Gathered {
     }
 
     fn updated(&mut self, update: &ModelUpdate) {
-        if let Err(why) = &update.outcome {
-            self.failed_updates.push((update.epoch, why.clone()));
+        match &update.outcome {
+            Err(why) => self.failed_updates.push((update.epoch, why.clone())),
+            Ok(report) if report.discount < 1.0 => self.discounts.push((update.epoch, report.discount)),
+            Ok(_) => {}
         }
         self.hyperparameters
             .push((update.epoch, update.learner.hyperparameters()));
@@ -393,6 +400,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
         prequential_nlpd_by_output: scores.nlpd_by_output(),
         failed_updates: gathered.failed_updates,
         epoch_scores: scores.epochs,
+        discounts: gathered.discounts,
         hyperparameters: gathered
             .hyperparameters
             .iter()

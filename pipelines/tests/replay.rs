@@ -385,11 +385,26 @@ fn after_a_level_jumps_the_drift_shows_it_and_forgetting_follows_the_new_level()
     let epochs = kept["epoch_scores"].as_array().unwrap();
     let jumped = epochs.iter().max_by(|a, b| drift(a).total_cmp(&drift(b))).unwrap();
     assert_eq!(jumped["epoch"], 6, "the largest drift is the jump's: {epochs:?}");
+    assert!(kept.get("discounts").is_none(), "no forgetting, no discounts: {kept}");
     let forgetful = replayed(&["--forget-half-life", "100"]);
     let (old_level, new_level) = (nlpd_from(&kept, 900), nlpd_from(&forgetful, 900));
     assert!(
         new_level < old_level - 1.0,
         "rows 900 on: NLPD {new_level} forgetting, {old_level} without"
+    );
+    // Automatic forgetting discounts the past where the level jumped, and only there.
+    let auto = replayed(&["--forget-half-life", "auto"]);
+    let discounted: Vec<u64> = auto["discounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(discounted, [6], "{auto}");
+    assert!(
+        nlpd_from(&auto, 700) < 0.0,
+        "the level after the jump is learned: {}",
+        nlpd_from(&auto, 700)
     );
 }
 
