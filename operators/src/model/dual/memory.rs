@@ -85,7 +85,8 @@ pub struct MemoryPoint {
     pub weight: f64,
 }
 
-fn full_weight() -> f64 {
+/// A whole weight, 1: nothing forgotten (serde's default for what forgetting leaves).
+pub(crate) fn full_weight() -> f64 {
     1.0
 }
 

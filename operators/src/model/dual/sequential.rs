@@ -16,7 +16,7 @@ use crate::model::dual::ask::{at_once, e_steps_beside, totals, totals_in, unexpe
 use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
 use crate::model::dual::forgetting::Forgetting;
-use crate::model::dual::memory::{top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
+use crate::model::dual::memory::{full_weight, top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::{ConditionalTerm, PastMessage, Seen};
 use crate::model::dual::point::PointId;
@@ -235,10 +235,6 @@ fn tenth() -> f64 {
     0.1
 }
 
-fn whole() -> f64 {
-    1.0
-}
-
 /// What one update did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpdateReport {
@@ -254,7 +250,7 @@ pub struct UpdateReport {
     pub m_evaluations: usize,
     /// What forgetting left of the weight of everything learned before this
     /// batch (1: nothing forgotten; see [`SequentialConfig::forgetting`]).
-    #[serde(default = "whole")]
+    #[serde(default = "full_weight")]
     pub discount: f64,
     /// Where the update's time went.
     pub seconds: StepSeconds,

@@ -293,15 +293,15 @@ impl Shard {
 
     /// This shard's answer to `query`, its state moved on.
     pub fn answer(&mut self, mut query: Query) -> Answer {
-        let models: Vec<&mut Snapshot> = match &mut query {
-            Query::Evidence { models } => models.iter_mut().collect(),
-            query => query.model_mut().into_iter().collect(),
-        };
-        for model in models {
-            // A snapshot that came through serialisation lacks its cached factors.
+        // A snapshot that came through serialisation lacks its cached factors.
+        let factorised = |model: &mut Snapshot| {
             model
                 .ensure_factors()
-                .expect("the learner factorised this posterior before sending it");
+                .expect("the learner factorised this posterior before sending it")
+        };
+        match &mut query {
+            Query::Evidence { models } => models.iter_mut().for_each(factorised),
+            query => query.model_mut().into_iter().for_each(factorised),
         }
         match &mut query {
             Query::Begin { memory, pending, .. } => {
@@ -546,8 +546,8 @@ impl Block {
             .iter()
             .copied()
             .chain(self.memory.iter().map(|p| p.weight));
-        let weights: Vec<f64> = weights.collect();
-        weights.iter().any(|&w| w != 1.0).then_some(weights)
+        // Asked at every E-step and gradient: without forgetting, no list is made.
+        weights.clone().any(|w| w != 1.0).then(|| weights.collect())
     }
 
     /// The shard made `query`'s model ready; `Begin`'s memory is already shared out.
@@ -665,16 +665,19 @@ impl Block {
             return Answer::Nothing;
         };
         let cross = first.posterior.cross(batch.x());
-        let mut log_densities = vec![vec![0.0; models.len()]; batch.n()];
+        // A record's densities under every model: one column, contiguous.
+        let mut log_densities = DMatrix::zeros(models.len(), batch.n());
         for (k, model) in models.iter().enumerate() {
             model.posterior.marginals(&cross).for_each_point(|i, mean, var| {
-                log_densities[i][k] = model
+                log_densities[(k, i)] = model
                     .likelihood
                     .log_predictive_of(batch.output(i), mean, var, batch.y()[i]);
             });
         }
         let mut evidence = Evidence::default();
-        log_densities.iter().for_each(|record| evidence.add_record(record));
+        for record in log_densities.column_iter() {
+            evidence.add_record(record.as_slice());
+        }
         Answer::Evidence(BlockSums::one(self.block, evidence))
     }
 
