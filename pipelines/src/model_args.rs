@@ -344,9 +344,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub m_sample: Option<SampleName>,
     /// Past records lose weight with age: a record's weight halves every this
-    /// many records that arrive after it, or `auto`: each update picks the
-    /// discount under which its batch was most probable (dual-memory;
-    /// default: none, the past keeps its weight). For streams that drift.
+    /// many records that arrive after it, or `auto`: an update discounts the
+    /// past only when its batch, scored first, is significantly more probable
+    /// so (dual-memory; default: none, the past keeps its weight). For streams that drift.
     #[arg(long, value_name = "RECORDS|auto")]
     pub forget_half_life: Option<ForgettingName>,
     /// Seed of every random choice (memory sampling, Monte Carlo): runs are reproducible (default 0).
