@@ -323,8 +323,8 @@ impl DataTerms {
             self.whitened_gram_d_var[0] += whitened;
         }
         if self.variance_from_gram {
-            let half = factors.d_inv_half(0);
-            let extra = (half * &self.whitened_gram_d_var[0]).component_mul(half).sum();
+            // tr(D⁻¹G), both symmetric.
+            let extra = factors.d_inv(0).dot(&self.whitened_gram_d_var[0]);
             self.value += extra;
             self.likelihood_grad[0] -= extra;
         }
@@ -344,8 +344,8 @@ impl DataTerms {
             let w = &factors.w[c];
             let r_inv = factors.r_inv(c);
             let gram = &self.whitened_gram_d_var[c];
-            let half = factors.d_inv_half(c);
-            let d_inv_gram = half.tr_mul(&(half * gram));
+            let d_inv = factors.d_inv(c);
+            let d_inv_gram = d_inv * gram;
             if past.is_some() {
                 // With q(u) = N(Kw, KR⁻¹K) held, μ_i = k_iᵀK⁻¹(Kw):  ∂/∂K = −(K⁻¹ K_zx a) wᵀ.
                 g_k.ger(-1.0, &(k_inv * &self.kzx_d_mean[c]), w, 1.0);
@@ -359,7 +359,6 @@ impl DataTerms {
             // μ:  ∂/∂K = −(R⁻¹ K_zx a) wᵀ.
             g_k.ger(-1.0, &(r_inv * &self.kzx_d_mean[c]), w, 1.0);
             // v:  ∂/∂K = K⁻¹ M K⁻¹ − R⁻¹ M R⁻¹ with M = K_zx diag(b) K_xz = L G Lᵀ.
-            let d_inv = half.tr_mul(half);
             g_k += unwhitened(gram - &d_inv_gram * d_inv);
             // −KL: −∂/∂K of ½[tr(R⁻¹K) + wᵀKw + log|R| − log|K|] with R = K + Λ.
             let r_inv_k = r_inv * k.as_ref().expect("computed without a message");

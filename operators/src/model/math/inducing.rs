@@ -62,6 +62,7 @@ pub fn pivoted_cholesky(
     let floor = NEGLIGIBLE_VARIANCE * residual.amax().max(f64::MIN_POSITIVE);
     // The residual kernel between every candidate and the scored ones.
     let mut cross = kernel.matrix(candidates, &candidates.select_rows(&scored));
+    let columns = kernel.columns(candidates);
     // Row j of the partial factor, over all candidates.
     let mut factor = DMatrix::<f64>::zeros(m, n);
     let mut chosen = Vec::with_capacity(m);
@@ -89,7 +90,7 @@ pub fn pivoted_cholesky(
         chosen.push(pivot);
         // The pivot's column (not row): a matrix-vector product over the
         // candidates as stored, instead of a transposed copy of them all.
-        let k_pivot = kernel.matrix(candidates, &candidates.rows(pivot, 1).into_owned());
+        let k_pivot = columns.column(pivot);
         let scale = residual[pivot].sqrt();
         let on_pivot: Vec<f64> = factor.column(pivot).rows(0, j).iter().copied().collect();
         for i in 0..n {

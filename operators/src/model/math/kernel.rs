@@ -5,6 +5,8 @@
 //! Every kernel gives `K(A, B)`, its diagonal, and the gradient of a scalar
 //! objective with respect to its log-parameters from `dL/dK` (analytic).
 
+use std::borrow::Cow;
+
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
@@ -277,6 +279,14 @@ impl Kernel {
             }
             Kernel::Coregional(c) => c.matrix(a, b),
         }
+    }
+
+    /// `K(X, x_p)` for rows `x_p` of one `X`, one column at a time, as
+    /// [`matrix`](Self::matrix) gives it to the bit: what a pivoted Cholesky
+    /// asks once a pivot. The inputs' scaled copy and norms are made once,
+    /// not at every column.
+    pub fn columns<'a>(&'a self, x: &'a DMatrix<f64>) -> Columns<'a> {
+        Columns(Prepared::of(self, x))
     }
 
     /// `k(a_i, a_i)` for every row of `a`.
@@ -639,6 +649,88 @@ impl<E: Fn(f64) -> f64, V: Fn(f64, f64) -> f64, S: Fn(f64, f64) -> f64> Form<E, 
     }
 }
 
+/// [`Kernel::columns`]: `K(X, x_p)` one column at a time.
+pub struct Columns<'a>(Prepared<'a>);
+
+/// Each part of the kernel with what it keeps of `X`.
+enum Prepared<'a> {
+    /// `X` scaled by the lengthscales (ARD) or as it is, and its rows' squared norms.
+    Stationary {
+        kernel: &'a Stationary,
+        inputs: Cow<'a, DMatrix<f64>>,
+        norms: DVector<f64>,
+    },
+    /// The parts of a sum over `X`'s rows.
+    Sum(usize, Vec<Prepared<'a>>),
+    /// The parts of a product over `X`'s rows.
+    Product(usize, Vec<Prepared<'a>>),
+    /// Any other kernel, through [`Kernel::matrix`].
+    Direct(&'a Kernel, &'a DMatrix<f64>),
+}
+
+impl<'a> Prepared<'a> {
+    fn of(kernel: &'a Kernel, x: &'a DMatrix<f64>) -> Self {
+        match kernel {
+            Kernel::Stationary(s) => {
+                let inputs = match s.lengthscales[..] {
+                    [_] => Cow::Borrowed(x),
+                    _ => Cow::Owned(s.scaled(x, &DMatrix::zeros(0, x.ncols())).0),
+                };
+                let norms = row_sq_norms(&inputs);
+                Prepared::Stationary {
+                    kernel: s,
+                    inputs,
+                    norms,
+                }
+            }
+            Kernel::Sum(parts) => Prepared::Sum(x.nrows(), parts.iter().map(|part| Prepared::of(part, x)).collect()),
+            Kernel::Product(parts) => {
+                Prepared::Product(x.nrows(), parts.iter().map(|part| Prepared::of(part, x)).collect())
+            }
+            _ => Prepared::Direct(kernel, x),
+        }
+    }
+}
+
+impl Columns<'_> {
+    /// `K(X, x_p)`, `n × 1`.
+    pub fn column(&self, p: usize) -> DMatrix<f64> {
+        self.0.column(p)
+    }
+}
+
+impl Prepared<'_> {
+    fn column(&self, p: usize) -> DMatrix<f64> {
+        match self {
+            Prepared::Stationary { kernel, inputs, norms } => {
+                let row = inputs.rows(p, 1).into_owned();
+                let mut k = sq_dist_with_norms(inputs, norms, &row);
+                if let [l] = kernel.lengthscales[..] {
+                    k /= l * l;
+                }
+                kernel.family.profiles(k.as_mut_slice(), None);
+                k *= kernel.variance;
+                k
+            }
+            Prepared::Sum(rows, parts) => {
+                let mut k = DMatrix::zeros(*rows, 1);
+                for part in parts {
+                    k += part.column(p);
+                }
+                k
+            }
+            Prepared::Product(rows, parts) => {
+                let mut k = DMatrix::from_element(*rows, 1, 1.0);
+                for part in parts {
+                    k.component_mul_assign(&part.column(p));
+                }
+                k
+            }
+            Prepared::Direct(kernel, x) => kernel.matrix(x, &x.rows(p, 1).into_owned()),
+        }
+    }
+}
+
 impl Stationary {
     fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
         let mut k = self.scaled_sq_dist(a, b, None);
@@ -787,7 +879,12 @@ const NEAR: f64 = 1e-6;
 /// cancels, are recomputed by direct differences, so coincident points are at
 /// exactly 0.
 fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-    let (a_norms, b_norms) = (row_sq_norms(a), row_sq_norms(b));
+    sq_dist_with_norms(a, &row_sq_norms(a), b)
+}
+
+/// [`sq_dist_matrix`] with `a`'s row norms made already.
+fn sq_dist_with_norms(a: &DMatrix<f64>, a_norms: &DVector<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    let b_norms = row_sq_norms(b);
     let mut r2 = DMatrix::zeros(a.nrows(), b.nrows());
     r2.gemm(-2.0, a, &transposed(b), 0.0);
     // A branch-free pass (at d = 8 this loop, not the GEMM, was the
@@ -956,6 +1053,33 @@ pub(super) mod tests {
 
     fn ard(family: Family) -> Kernel {
         Kernel::stationary(family, 1.7, vec![0.7, 1.3, 2.1])
+    }
+
+    #[test]
+    fn a_column_at_a_time_is_the_matrix_to_the_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        let mut x = random_matrix(&mut rng, 40, 3, -1.5, 1.5);
+        // A repeated row: a pair at distance 0, recomputed directly.
+        let repeated = x.row(3).into_owned();
+        x.row_mut(17).copy_from(&repeated);
+        let kernels = [
+            ard(Family::Matern52),
+            Kernel::stationary(Family::Matern32, 0.8, vec![0.9]),
+            Kernel::Sum(vec![
+                ard(Family::SquaredExponential),
+                Kernel::Constant { variance: 0.3 },
+            ]),
+            Kernel::Product(vec![ard(Family::Matern12), Kernel::Linear { variance: 0.5 }]),
+        ];
+        for kernel in &kernels {
+            let columns = kernel.columns(&x);
+            for p in [0, 3, 17, 39] {
+                let want = kernel.matrix(&x, &x.rows(p, 1).into_owned());
+                let got = columns.column(p);
+                let same = want.iter().zip(got.iter()).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same && got.shape() == (40, 1), "{kernel:?}, column {p}");
+            }
+        }
     }
 
     fn shared(family: Family) -> Kernel {
