@@ -11,8 +11,11 @@ installs River and pyarrow in a virtual environment of its own.
 Arguments: DUALGP (a built binary) and OUT (a directory for the streams,
 the predictions and `yardstick.json`). RIVER_ROWS caps the rows taken from
 each shared data set before sorting (default 5000). dualgp runs without
-forgetting, with `--forget-half-life auto`, and with the half-life
-RIVER_HALF_LIFE (default 500 records).
+forgetting, with `--forget-half-life auto`, with the half-life
+RIVER_HALF_LIFE (default 500 records), and, on streams with a date, with
+`--time-column` on it. River also runs as dualgp does in epochs of 50 (each
+epoch predicted by the model of the epochs before it, then learned), so that
+the two are compared on the same information.
 """
 
 import json
@@ -39,13 +42,18 @@ def from_shared(name, sort_by, rows=ROWS):
 
 
 def generated(kind, n=5000, seed=0):
-    """A level that jumps halfway (`jump`), or inputs that drift past the
-    first epoch's range (`drift`)."""
+    """A level that jumps halfway (`jump`), a level that wanders as a random
+    walk with the date (in years, a record a day) as input `x2` (`walk`), or
+    inputs that drift past the first epoch's range (`drift`)."""
     rng = np.random.default_rng(seed)
     i = np.arange(n)
     if kind == "jump":
         x = rng.uniform(-2, 2, size=(n, 2))
         y = np.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + 2.0 * (i >= n // 2) + rng.normal(0, 0.1, n)
+    elif kind == "walk":
+        x = np.column_stack([rng.uniform(-2, 2, size=(n, 2)), 2020 + i / 365])
+        level = np.cumsum(rng.normal(0, 0.05, n))
+        y = np.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + level + rng.normal(0, 0.1, n)
     else:
         x0 = 4 * i / n - 2 + rng.uniform(-0.1, 0.1, n)
         x = np.column_stack([x0, rng.uniform(-1, 1, n)])
@@ -88,22 +96,28 @@ def river_models(kind):
     }
 
 
-def run_river(make, kind, table):
+def run_river(make, kind, table, epoch=1):
+    """Prequential: each `epoch` records predicted, then learned (one at a
+    time when `epoch` is 1). With epochs the first is left out of the
+    scores, as dualgp's replay scores it by the prior."""
     model = make()
     names = features(table)
     xs = [dict(zip(names, row)) for row in zip(*(table.column(n).to_pylist() for n in names))]
     ys = table.column("y").to_pylist()
     predicted = []
-    for x, y in zip(xs, ys):
-        if kind == "regression":
-            guess = model.predict_one(x)
-            predicted.append(0.0 if guess is None else guess)
-            model.learn_one(x, y)
-        else:
-            proba = model.predict_proba_one(x)
-            predicted.append(proba.get(1, proba.get(True, 0.5)) if proba else 0.5)
-            model.learn_one(x, int(y))
-    return scores(kind, ys, predicted)
+    for start in range(0, len(xs), epoch):
+        batch = list(zip(xs[start:start + epoch], ys[start:start + epoch]))
+        for x, _ in batch:
+            if kind == "regression":
+                guess = model.predict_one(x)
+                predicted.append(0.0 if guess is None else guess)
+            else:
+                proba = model.predict_proba_one(x)
+                predicted.append(proba.get(1, proba.get(True, 0.5)) if proba else 0.5)
+        for x, y in batch:
+            model.learn_one(x, y if kind == "regression" else int(y))
+    skip = 0 if epoch == 1 else epoch
+    return scores(kind, ys[skip:], predicted[skip:])
 
 
 def run_dualgp(dualgp, kind, stream, batch, out, flags=()):
@@ -118,6 +132,9 @@ def run_dualgp(dualgp, kind, stream, batch, out, flags=()):
     ys = [labels[i] for i in got["id"]]
     column = "mean" if kind == "regression" else "p1"
     result = scores(kind, ys, got[column])
+    # The first epoch is the prior's: scored apart so that River's epochs compare.
+    later = [k for k, e in enumerate(got["epoch"]) if e > 0]
+    result["after_first_epoch"] = scores(kind, [ys[k] for k in later], [got[column][k] for k in later])
     result["prequential_nlpd"] = json.load(open(f"{out}.json"))["prequential_nlpd"]
     return result
 
@@ -131,6 +148,7 @@ def main():
         "bank by x0": ("classification", from_shared("bank", "x0")),
         "sunspots in time order": ("regression", pq.read_table(os.path.join(os.path.dirname(__file__), "..", "data", "sunspots.parquet"))),
         "a level that jumps halfway": ("regression", generated("jump")),
+        "a level that wanders, with its date": ("regression", generated("walk")),
         "inputs that drift past the first epoch's range": ("regression", generated("drift")),
     }
     results = {}
@@ -139,24 +157,36 @@ def main():
         path = os.path.join(out, f"{slug}.parquet")
         pq.write_table(table.select(["id"] + features(table) + ["y"]), path)
         row = {"kind": kind, "rows": table.num_rows}
-        for variant, forget in dualgp_variants().items():
+        for variant, forget in dualgp_variants(TIME_COLUMNS.get(name)).items():
             for batch in (50, 1000):
-                row[f"dualgp{variant}, epochs of {batch}"] = run_dualgp(
+                row[f"dualgp{variant}, epochs of {batch}"] = None if forget is None else run_dualgp(
                     dualgp, kind, path, batch, os.path.join(out, slug), forget)
         for model, make in river_models(kind).items():
-            started = time.time()
-            row[f"River {model}"] = run_river(make, kind, table)
-            row[f"River {model}"]["seconds"] = time.time() - started
+            for epoch in (1, 50):
+                key = f"River {model}" + ("" if epoch == 1 else f", epochs of {epoch}")
+                started = time.time()
+                row[key] = run_river(make, kind, table, epoch)
+                row[key]["seconds"] = time.time() - started
         results[name] = row
         print(f"{name}: done", file=sys.stderr)
     json.dump(results, open(os.path.join(out, "yardstick.json"), "w"), indent=2)
     print_table(results)
 
 
-def dualgp_variants():
-    """dualgp's runs by the suffix of their column: no forgetting, automatic, a fixed half-life."""
+# The streams whose date a user would mark as time, and the flags that do it
+# (sunspots' date is its only input, so it stays one).
+TIME_COLUMNS = {
+    "a level that wanders, with its date": ("--time-column", "x2"),
+    "sunspots in time order": ("--time-column", "x0", "--features", "x0"),
+}
+
+
+def dualgp_variants(time_column=None):
+    """dualgp's runs by the suffix of their column: no forgetting, automatic,
+    a fixed half-life, and the date as time (None: the stream has no date)."""
     return {"": (), " auto": ("--forget-half-life", "auto"),
-            f" {HALF_LIFE}": ("--forget-half-life", HALF_LIFE)}
+            f" {HALF_LIFE}": ("--forget-half-life", HALF_LIFE),
+            " time column": time_column}
 
 
 def print_table(results):
@@ -164,22 +194,33 @@ def print_table(results):
     (classification) of each learner, each epoch size; then dualgp's
     prequential NLPD by variant."""
     variants = list(dualgp_variants())
-    learners = [f"dualgp{v}, {b}" for v in variants for b in (50, 1000)] + ["River linear", "River KNN", "River forest"]
+    river = ["linear", "KNN", "forest"]
+    learners = [f"dualgp{v}, {b}" for v in variants for b in (50, 1000)] + [f"River {m}" for m in river]
+    shown = lambda kind, f: "—" if f is None else (
+        f"{f['mae']:.3f}" if kind == "regression" else f"{f['accuracy']:.3f} / {f['log_loss']:.3f}")
     print("| stream | rows | " + " | ".join(learners) + " |")
     print("|---|---|" + "---|" * len(learners))
     for name, row in results.items():
-        figures = [v for k, v in row.items() if k not in ("kind", "rows")]
-        if row["kind"] == "regression":
-            shown = [f"{f['mae']:.3f}" for f in figures]
-        else:
-            shown = [f"{f['accuracy']:.3f} / {f['log_loss']:.3f}" for f in figures]
-        print(f"| {name} | {row['rows']} | " + " | ".join(shown) + " |")
+        one_at_a_time = [v for k, v in row.items() if k.startswith("River") and "epochs" not in k]
+        figures = [v for k, v in row.items() if k.startswith("dualgp")] + one_at_a_time
+        print(f"| {name} | {row['rows']} | " + " | ".join(shown(row["kind"], f) for f in figures) + " |")
+    print()
+    print("Epochs of 50 on both sides, the first epoch left out:")
+    print()
+    same = [f"dualgp{v}, 50" for v in variants] + [f"River {m}, 50" for m in river]
+    print("| stream | " + " | ".join(same) + " |")
+    print("|---|" + "---|" * len(same))
+    for name, row in results.items():
+        ours = [row[f"dualgp{v}, epochs of 50"] for v in variants]
+        figures = [None if f is None else f["after_first_epoch"] for f in ours] + [
+            v for k, v in row.items() if k.startswith("River") and k.endswith("epochs of 50")]
+        print(f"| {name} | " + " | ".join(shown(row["kind"], f) for f in figures) + " |")
     print()
     print("| stream | " + " | ".join(learners[:2 * len(variants)]) + " |")
     print("|---|" + "---|" * (2 * len(variants)))
     for name, row in results.items():
         figures = [v for k, v in row.items() if k.startswith("dualgp")]
-        print(f"| {name} | " + " | ".join(f"{f['prequential_nlpd']:.3f}" for f in figures) + " |")
+        print(f"| {name} | " + " | ".join("—" if f is None else f"{f['prequential_nlpd']:.3f}" for f in figures) + " |")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ pub struct ArrowDecoder {
     event_time: Option<String>,
     /// Seconds per unit, when the event time is an Arrow timestamp.
     time_scale: Option<f64>,
+    /// The records' time column (forgetting's clock) and its seconds per
+    /// unit when it is a timestamp.
+    clock: Option<(String, Option<f64>)>,
     /// The output column, when the schema has one (else every row observes output 0).
     output: Option<String>,
     /// Checks output indices against the model's outputs.
@@ -50,6 +53,7 @@ impl ArrowDecoder {
             Some(mapping.id.as_str()),
             mapping.label.as_deref(),
             mapping.event_time.as_deref(),
+            mapping.time.as_deref(),
         ]
         .into_iter()
         .flatten()
@@ -69,15 +73,11 @@ impl ArrowDecoder {
             typed_column(schema, label, Role::Target)?;
         }
         let time_scale = match &mapping.event_time {
-            Some(t) => match typed_column(schema, t, Role::EventTime)? {
-                DataType::Timestamp(unit, _) => Some(match unit {
-                    TimeUnit::Second => 1.0,
-                    TimeUnit::Millisecond => 1e-3,
-                    TimeUnit::Microsecond => 1e-6,
-                    TimeUnit::Nanosecond => 1e-9,
-                }),
-                _ => None,
-            },
+            Some(t) => seconds_per_unit(&typed_column(schema, t, Role::EventTime)?),
+            None => None,
+        };
+        let clock = match &mapping.time {
+            Some(t) => Some((t.clone(), seconds_per_unit(&typed_column(schema, t, Role::Time)?))),
             None => None,
         };
         let output = match schema.field_with_name(&mapping.output) {
@@ -100,6 +100,7 @@ impl ArrowDecoder {
             labels: mapping.labels,
             event_time: mapping.event_time.clone(),
             time_scale,
+            clock,
         })
     }
 
@@ -114,6 +115,7 @@ impl ArrowDecoder {
         c.extend(self.features.iter().map(String::as_str));
         c.extend(self.label.as_deref());
         c.extend(self.event_time.as_deref());
+        c.extend(self.clock.as_ref().map(|(t, _)| t.as_str()));
         c.extend(self.output.as_deref());
         c
     }
@@ -167,6 +169,19 @@ impl ArrowDecoder {
     }
 }
 
+/// Seconds per unit of a timestamp column; None for a column of numbers.
+fn seconds_per_unit(t: &DataType) -> Option<f64> {
+    match t {
+        DataType::Timestamp(unit, _) => Some(match unit {
+            TimeUnit::Second => 1.0,
+            TimeUnit::Millisecond => 1e-3,
+            TimeUnit::Microsecond => 1e-6,
+            TimeUnit::Nanosecond => 1e-9,
+        }),
+        _ => None,
+    }
+}
+
 /// Event times as `f64`: numbers as they are, timestamps in seconds.
 pub(crate) fn event_seconds(raw: &ArrayRef, scale: Option<f64>) -> Result<Float64Array, ArrowError> {
     Ok(match scale {
@@ -186,6 +201,7 @@ struct Columns {
     features: Vec<(ArrayRef, Float64Array)>,
     label: Option<(ArrayRef, Float64Array)>,
     time: Option<(ArrayRef, Float64Array)>,
+    clock: Option<(ArrayRef, Float64Array)>,
     output: Option<(ArrayRef, Int64Array)>,
 }
 
@@ -235,6 +251,14 @@ impl Columns {
                 Some((raw, seconds))
             }
         };
+        let clock = match &dec.clock {
+            None => None,
+            Some((t, scale)) => {
+                let raw = get(t, Role::Time)?;
+                let seconds = event_seconds(&raw, *scale).map_err(failed(t))?;
+                Some((raw, seconds))
+            }
+        };
         let output = dec.output.as_deref().map(|o| integer(o, Role::Output)).transpose()?;
         Ok(Columns {
             id_raw,
@@ -242,6 +266,7 @@ impl Columns {
             features,
             label,
             time,
+            clock,
             output,
         })
     }
@@ -272,6 +297,10 @@ impl Columns {
             (Some((_, values)), Some(name)) => Some(finite(values, r, name)?),
             _ => None,
         };
+        let time = match (&self.clock, &dec.clock) {
+            (Some((_, values)), Some((name, _))) => Some(finite(values, r, name)?),
+            _ => None,
+        };
         let output = match &self.output {
             Some((raw, _)) if raw.is_null(r) => {
                 return Err(Reason::Null {
@@ -288,10 +317,9 @@ impl Columns {
             Some((_, values)) => dec.mapping.output_index(values.value(r))?,
             None => 0,
         };
-        Ok(DecodedRow {
-            record: Record::new(self.id.value(r), features, label).with_output(output),
-            event_time,
-        })
+        let mut record = Record::new(self.id.value(r), features, label).with_output(output);
+        record.time = time;
+        Ok(DecodedRow { record, event_time })
     }
 
     /// The row's mapped columns as a JSON object, for a dead letter.
@@ -305,6 +333,9 @@ impl Columns {
             obj.insert(name.clone(), json_value(raw, r));
         }
         if let (Some((raw, _)), Some(name)) = (&self.time, &dec.event_time) {
+            obj.insert(name.clone(), json_value(raw, r));
+        }
+        if let (Some((raw, _)), Some((name, _))) = (&self.clock, &dec.clock) {
             obj.insert(name.clone(), json_value(raw, r));
         }
         if let (Some((raw, _)), Some(name)) = (&self.output, &dec.output) {
@@ -464,6 +495,64 @@ mod tests {
         let err = ArrowDecoder::new(&two_outputs(), &batch(Some(text)).schema()).unwrap_err();
         assert!(
             matches!(&err, SchemaError::WrongType { column, .. } if column == "output"),
+            "{err}"
+        );
+    }
+
+    /// The time column gives each record its time (a timestamp in seconds),
+    /// is no feature, and a row without a finite time is a dead letter.
+    #[test]
+    fn the_time_column_times_each_record_and_is_no_feature() {
+        use arrow::array::TimestampMillisecondArray;
+        let mapping = ColumnMapping {
+            time: Some("t".into()),
+            features: crate::Features::Glob(vec!["*".into()]),
+            ..ColumnMapping::default()
+        };
+        let stamps: ArrayRef = Arc::new(TimestampMillisecondArray::from(vec![
+            Some(1_500),
+            Some(2_000),
+            None,
+            Some(4_250),
+        ]));
+        let with_time = |t: ArrayRef| {
+            let b = batch(None);
+            let mut fields: Vec<Field> = b.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(Field::new("t", t.data_type().clone(), true));
+            let mut columns = b.columns().to_vec();
+            columns.push(t);
+            RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+        };
+        let decoder = ArrowDecoder::new(&mapping, &with_time(stamps.clone()).schema()).unwrap();
+        assert_eq!(decoder.feature_names(), ["x0"], "the time column is not a feature");
+        let (mut rows, mut dead) = (Vec::new(), Vec::new());
+        let origin = |row: usize| Origin::File {
+            path: "f".into(),
+            row: row as u64,
+        };
+        decoder
+            .decode(&with_time(stamps), &origin, &mut rows, &mut dead)
+            .unwrap();
+        let times: Vec<Option<f64>> = rows.iter().map(|r| r.record.time).collect();
+        assert_eq!(times, [Some(1.5), Some(2.0), Some(4.25)]);
+        assert_eq!(
+            dead.iter().map(|d| d.reason.kind()).collect::<Vec<_>>(),
+            [ReasonKind::Null]
+        );
+        assert!(dead[0].payload.contains("\"t\""), "{}", dead[0].payload);
+
+        let numbers: ArrayRef = Arc::new(Float64Array::from(vec![1.0, f64::NAN, 3.0, 4.0]));
+        let (good, bad) = decode(&mapping, &with_time(numbers));
+        assert_eq!((good.len(), bad), (3, vec![(1, ReasonKind::NonFinite)]));
+        let err = ArrowDecoder::new(&mapping, &batch(None).schema()).unwrap_err();
+        assert!(
+            matches!(&err, SchemaError::MissingColumn { role: Role::Time, .. }),
+            "{err}"
+        );
+        let text: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+        let err = ArrowDecoder::new(&mapping, &with_time(text).schema()).unwrap_err();
+        assert!(
+            matches!(&err, SchemaError::WrongType { column, .. } if column == "t"),
             "{err}"
         );
     }

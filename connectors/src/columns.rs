@@ -36,6 +36,8 @@ pub enum Role {
     Task,
     /// The event time of event-time epochs.
     EventTime,
+    /// The records' time, forgetting's clock.
+    Time,
 }
 
 const INTEGER: &str = "an integer (int8..int64, uint8..uint64)";
@@ -48,7 +50,7 @@ impl Role {
         match self {
             Role::Id | Role::Output | Role::Fold | Role::Task => t.is_integer(),
             Role::Feature | Role::Target => t.is_numeric(),
-            Role::EventTime => t.is_numeric() || matches!(t, DataType::Timestamp(..)),
+            Role::EventTime | Role::Time => t.is_numeric() || matches!(t, DataType::Timestamp(..)),
         }
     }
 
@@ -57,7 +59,7 @@ impl Role {
         match self {
             Role::Id | Role::Output | Role::Fold | Role::Task => INTEGER,
             Role::Feature | Role::Target => NUMBER,
-            Role::EventTime => TIME,
+            Role::EventTime | Role::Time => TIME,
         }
     }
 
@@ -69,6 +71,7 @@ impl Role {
             Role::Feature => Some("--features"),
             Role::Target => Some("--target"),
             Role::Output => Some("--output-column"),
+            Role::Time => Some("--time-column"),
             Role::Fold | Role::Task | Role::EventTime => None,
         }
     }
@@ -83,6 +86,7 @@ impl Role {
             Role::Fold => "fold",
             Role::Task => "task",
             Role::EventTime => "event-time",
+            Role::Time => "time",
         }
     }
 }

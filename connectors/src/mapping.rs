@@ -8,7 +8,8 @@
 //! features = { prefix = "x" }     # or { names = ["a", "b"] }, or { glob = ["feat_*"] }
 //! label = "y"                     # omit for a stream that is only scored
 //! labels = { classes = 2 }        # or "real" (default) or "count"
-//! event_time = "t"                # optional
+//! event_time = "t"                # optional: epochs by event time
+//! time = "t"                      # optional: forgetting's clock, not a feature
 //! output = "output"               # which output a record observes
 //! outputs = 2                     # the model's outputs (default 1)
 //! ```
@@ -39,6 +40,11 @@ pub struct ColumnMapping {
     /// A column of event times (numbers in the column's own unit, or Arrow
     /// timestamps in seconds since the Unix epoch), for event-time epochs.
     pub event_time: Option<String>,
+    /// A column of the records' times (numbers in the column's own unit, or
+    /// Arrow timestamps in seconds since the Unix epoch): forgetting counts a
+    /// record's age in it (`Record::time`). Not a feature unless `features`
+    /// names it.
+    pub time: Option<String>,
     /// The integer column (or JSON field) naming the output a record
     /// observes, `0..outputs`. Without it a record observes output 0, which
     /// only a single-output model accepts.
@@ -57,6 +63,7 @@ impl Default for ColumnMapping {
             label: Some("y".into()),
             labels: LabelKind::Real,
             event_time: None,
+            time: None,
             output: "output".into(),
             outputs: 1,
         }

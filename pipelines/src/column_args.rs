@@ -5,7 +5,7 @@
 //! layout (`id`, `x0, x1, …`, `y`, `output`), so data in that layout reads
 //! as it always has.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use dualgp_connectors::{Column, ColumnMapping, ColumnSpec, Features};
 use dualgp_operators::model::Likelihood;
@@ -33,6 +33,13 @@ pub struct ColumnArgs {
     /// model of several outputs [default: output]
     #[arg(long, value_name = "NAME")]
     pub output_column: Option<String>,
+    /// A column of the records' times (numbers in any unit, or timestamps in
+    /// seconds) for streams whose level wanders: past records lose weight
+    /// with the time since them (`--forget-half-life` in this column's units;
+    /// `auto` unless given), and the column is no kernel input unless
+    /// `--features` names it (replay, serve)
+    #[arg(long, value_name = "NAME")]
+    pub time_column: Option<String>,
 }
 
 /// `features` in a pipeline file: `"a,b"` as on the command line, or `["a", "b"]`.
@@ -57,6 +64,7 @@ impl ColumnArgs {
             features: over.features.clone().or_else(|| self.features.clone()),
             target: over.target.clone().or_else(|| self.target.clone()),
             output_column: over.output_column.clone().or_else(|| self.output_column.clone()),
+            time_column: over.time_column.clone().or_else(|| self.time_column.clone()),
         }
     }
 
@@ -76,6 +84,7 @@ impl ColumnArgs {
             ("--id", &self.id),
             ("--target", &self.target),
             ("--output-column", &self.output_column),
+            ("--time-column", &self.time_column),
         ] {
             if name.as_deref().is_some_and(|n| n.trim().is_empty()) {
                 return Err(anyhow!("{flag} is empty: give a column name"));
@@ -99,6 +108,7 @@ impl ColumnArgs {
         if let Some(output) = &self.output_column {
             mapping.output = output.clone();
         }
+        mapping.time = self.time_column.clone();
         Ok(mapping)
     }
 
@@ -106,6 +116,9 @@ impl ColumnArgs {
     /// with the columns given here (the target required).
     pub fn spec(&self) -> Result<ColumnSpec> {
         self.check()?;
+        if self.time_column.is_some() {
+            bail!("--time-column is for streams (replay, serve): a whole table has no age to forget by");
+        }
         let mut spec = ColumnSpec::default();
         if let Some(id) = &self.id {
             spec = spec.with_id(id.clone());
@@ -143,6 +156,7 @@ mod tests {
             features: Some("a, b".into()),
             target: Some("target".into()),
             output_column: Some("task_out".into()),
+            time_column: None,
         };
         let mapping = args.mapping(&Likelihood::parse("gaussian").unwrap()).unwrap();
         assert_eq!(
@@ -152,6 +166,14 @@ mod tests {
         assert_eq!(mapping.features, Features::Names(vec!["a".into(), "b".into()]));
         let spec = args.spec().unwrap();
         assert_eq!(spec.label, Column::Required("target".into()));
+        // A time column is the streams' (their records age by it), not a whole table's.
+        let timed = ColumnArgs {
+            time_column: Some("date".into()),
+            ..args
+        };
+        let mapping = timed.mapping(&Likelihood::parse("gaussian").unwrap()).unwrap();
+        assert_eq!(mapping.time.as_deref(), Some("date"));
+        assert!(timed.spec().unwrap_err().to_string().contains("--time-column"));
         let globbed = ColumnArgs {
             features: Some("feat_*".into()),
             ..ColumnArgs::default()

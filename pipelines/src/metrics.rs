@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dualgp_connectors::DeadLetter;
+use dualgp_operators::dataflow::Prediction;
 use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// Every metric `serve` keeps; clones share the counts.
@@ -40,6 +41,7 @@ pub struct Metrics {
     epochs_seen: Arc<AtomicU64>,
     epoch_latency: Histogram,
     staleness: Histogram,
+    prequential_nlpd: Histogram,
 }
 
 impl Default for Metrics {
@@ -88,6 +90,12 @@ impl Default for Metrics {
                 "dualgp_prediction_staleness_epochs",
                 "Epochs before a record's own that the model which scored it had not learned.",
                 &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0],
+            ),
+            prequential_nlpd: histogram(
+                "dualgp_prequential_nlpd",
+                "Each labelled record's negative log predictive density, scored before it was learned \
+                 (its mean over a recent window against the whole run's: drift).",
+                &[-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0],
             ),
             registry,
         }
@@ -139,6 +147,14 @@ impl Metrics {
     /// Records a prediction's staleness: epochs its model had not learned.
     pub fn observe_staleness(&self, epochs: u64) {
         self.staleness.observe(epochs as f64);
+    }
+
+    /// Records a labelled prediction's negative log density (nothing for
+    /// one without a label).
+    pub fn observe_prediction(&self, p: &Prediction) {
+        if let Some(log_density) = p.log_density {
+            self.prequential_nlpd.observe(-log_density);
+        }
     }
 
     /// Raises the epochs read to `epochs` (a counter only goes up).
@@ -205,6 +221,7 @@ mod tests {
     use std::time::Duration;
 
     use dualgp_connectors::{Origin, Reason};
+    use dualgp_operators::model::Predictive;
 
     use super::*;
 
@@ -275,6 +292,18 @@ mod tests {
         for epochs in [0, 0, 3] {
             metrics.observe_staleness(epochs);
         }
+        let scored = |log_density| Prediction {
+            id: 0,
+            epoch: 0,
+            model_epoch: None,
+            predictive: Predictive::Moments { mean: 0.0, var: 1.0 },
+            log_density,
+            output: None,
+            all_outputs: Vec::new(),
+        };
+        for log_density in [Some(0.25), Some(-1.5), None] {
+            metrics.observe_prediction(&scored(log_density));
+        }
         let endpoint = serve_http("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
         let addr = endpoint.addr();
         let mut stream = TcpStream::connect(addr).unwrap();
@@ -315,6 +344,11 @@ mod tests {
             "dualgp_prediction_staleness_epochs_bucket{le=\"2\"} 2",
             "dualgp_prediction_staleness_epochs_bucket{le=\"4\"} 3",
             "dualgp_prediction_staleness_epochs_sum 3",
+            "dualgp_prequential_nlpd_bucket{le=\"-0.5\"} 0",
+            "dualgp_prequential_nlpd_bucket{le=\"0\"} 1",
+            "dualgp_prequential_nlpd_bucket{le=\"2\"} 2",
+            "dualgp_prequential_nlpd_sum 1.25",
+            "dualgp_prequential_nlpd_count 2",
         ] {
             assert!(answer.lines().any(|l| l == line), "no `{line}` in\n{answer}");
         }

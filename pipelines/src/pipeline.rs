@@ -356,7 +356,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.toml");
         let text = "likelihood = \"gaussian\"\n[source.parquet]\npath = \"a.csv\"\n\
-                    [columns]\nid = \"key\"\nfeatures = [\"a\", \"b\"]\ntarget = \"target\"\n\
+                    [columns]\nid = \"key\"\nfeatures = [\"a\", \"b\"]\ntarget = \"target\"\ntime_column = \"when\"\n\
                     [sinks]\npredictions = \"p.parquet\"\n";
         std::fs::write(&path, text).unwrap();
         let flags = ColumnArgs {
@@ -375,6 +375,7 @@ mod tests {
             features: Some("a,b".into()),
             target: Some("t2".into()),
             output_column: None,
+            time_column: Some("when".into()),
         };
         assert_eq!(args.columns, expected);
         std::fs::write(&path, text.replace("target = ", "label = ")).unwrap();

@@ -315,7 +315,7 @@ type Written = (Gathered, Sinks);
 pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -> Result<Option<ReplayOutcome>> {
     let timely_config = args.cluster.timely_config(args.workers)?;
     let likelihood = args.likelihood.parse()?;
-    let settings = args.model.settings()?;
+    let settings = args.model.settings_for_stream(args.columns.time_column.is_some())?;
     if args.batch_size == 0 {
         bail!("--batch-size 0: give at least one row per epoch");
     }

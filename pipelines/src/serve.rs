@@ -266,7 +266,7 @@ impl ServeSummary {
 pub fn run(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<ServeSummary> {
     let timely_config = args.cluster.timely_config(args.workers)?;
     let likelihood = args.likelihood.parse()?;
-    let settings = args.model.settings()?;
+    let settings = args.model.settings_for_stream(args.columns.time_column.is_some())?;
     if args.batch_size == 0 || args.batch_timeout_ms == 0 {
         bail!("--batch-size and --batch-timeout-ms must be above 0");
     }

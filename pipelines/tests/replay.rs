@@ -408,6 +408,85 @@ fn after_a_level_jumps_the_drift_shows_it_and_forgetting_follows_the_new_level()
     );
 }
 
+/// With `--time-column t` a record ages by the time after it, not by the
+/// records: rows 0.01 apart in time with a pause of 100 before row 600, in
+/// epochs of 100 on 2 workers. Each update discounts the past by
+/// `2^{-Δt/half-life}`, `Δt` the time from the latest record before it to
+/// its own latest: 1 in every epoch but the pause's. `t` is no feature.
+#[test]
+fn with_a_time_column_the_past_ages_by_the_time_since_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("timed.csv");
+    let time = |i: usize| 0.01 * i as f64 + if i >= 600 { 100.0 } else { 0.0 };
+    let mut text = String::from("id,x0,t,y\n");
+    for i in 0..1200 {
+        let x = ((i * 37) % 100) as f64 / 50.0 - 1.0;
+        text.push_str(&format!("{i},{x},{},{}\n", time(i), (2.0 * x).sin()));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let (report, out) = (dir.path().join("report.json"), dir.path().join("p.parquet"));
+    let args = [
+        "replay",
+        "--data",
+        csv.to_str().unwrap(),
+        "--likelihood",
+        "gaussian",
+        "--batch-size",
+        "100",
+        "--workers",
+        "2",
+        "--time-column",
+        "t",
+        "--forget-half-life",
+        "10",
+        "--output",
+        out.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let report = json_report_of(&args, &report);
+    let discounts = report["discounts"].as_array().unwrap();
+    assert_eq!(discounts.len(), 11, "every update after the first: {discounts:?}");
+    for d in discounts {
+        let epoch = d[0].as_u64().unwrap() as usize;
+        let elapsed = time(100 * epoch + 99) - time(100 * epoch - 1);
+        let want = (-elapsed / 10.0).exp2();
+        let got = d[1].as_f64().unwrap();
+        assert!((got / want - 1.0).abs() < 1e-12, "epoch {epoch}: {got}, want {want}");
+    }
+    let read = dualgp(&[
+        "replay",
+        "--data",
+        csv.to_str().unwrap(),
+        "--likelihood",
+        "gaussian",
+        "--features",
+        "t",
+        "--time-column",
+        "t",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        read.status.success(),
+        "a time column named in --features is both: {read:?}"
+    );
+    let csv = csv.to_str().unwrap();
+    let unknown = [
+        "replay",
+        "--data",
+        csv,
+        "--likelihood",
+        "gaussian",
+        "--time-column",
+        "when",
+    ];
+    assert_fails_with(
+        &[&unknown[..], &["--output", out.to_str().unwrap()]].concat(),
+        "--time-column",
+    );
+}
+
 /// `replay --plots DIR` draws the run as the demo does: prequential scores
 /// and hyperparameters by epoch, and, the data having two inputs, the
 /// posterior's map; it says where each plot went.

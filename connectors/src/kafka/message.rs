@@ -163,10 +163,13 @@ impl MessageDecoder {
             _ => None,
         };
         let output = self.json_output(&obj)?;
+        let time = self.mapping.time.as_deref().map(|t| number(&obj, t)).transpose()?;
         if self.features.is_none() {
             self.features = Some(names);
         }
-        Ok(Record::new(id, features, label).with_output(output))
+        let mut record = Record::new(id, features, label).with_output(output);
+        record.time = time;
+        Ok(record)
     }
 
     /// The message's output index: required by a multi-output model, 0 when
@@ -224,14 +227,14 @@ impl MessageDecoder {
     }
 
     /// The keys `Features::Glob` picks from this message (never the id,
-    /// label or output field), which must be the ones the first message had.
+    /// label, output or time field), which must be the ones the first message had.
     fn json_glob_names(&self, obj: &Map<String, Value>) -> Result<Vec<String>, Reason> {
         let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
         let m = &self.mapping;
         let candidates: Vec<&str> = keys
             .iter()
             .copied()
-            .filter(|k| *k != m.id && Some(*k) != m.label.as_deref() && *k != m.output)
+            .filter(|k| *k != m.id && Some(*k) != m.label.as_deref() && *k != m.output && Some(*k) != m.time.as_deref())
             .collect();
         let names = m.features.resolve_among(&keys, &candidates).map_err(|e| match e {
             UnresolvedFeatures::Missing(field) => Reason::MissingField { field },
@@ -565,6 +568,27 @@ mod tests {
         assert_eq!(r[0].label, None);
         let missing = reason(&mut d, r#"{"id": 1, "a": 1}"#);
         assert_eq!(missing, Reason::MissingField { field: "b".into() });
+    }
+
+    /// A time field times the record, is no feature, and must be a number.
+    #[test]
+    fn a_time_field_times_the_record() {
+        let mapping = ColumnMapping {
+            time: Some("t".into()),
+            features: Features::Glob(vec!["*".into()]),
+            ..ColumnMapping::default()
+        };
+        let mut d = MessageDecoder::new(&mapping, MessageFormat::Json);
+        let (r, _) = decode(&mut d, br#"{"id": 1, "a": 1, "t": 12.5, "y": 2}"#);
+        assert_eq!((r[0].features.as_slice(), r[0].time), ([1.0].as_slice(), Some(12.5)));
+        assert_eq!(
+            reason(&mut d, r#"{"id": 2, "a": 1, "y": 2}"#).kind(),
+            ReasonKind::MissingField
+        );
+        assert_eq!(
+            reason(&mut d, r#"{"id": 3, "a": 1, "t": "noon"}"#).kind(),
+            ReasonKind::WrongType
+        );
     }
 
     /// The column flags name JSON fields too: `--id key --target target

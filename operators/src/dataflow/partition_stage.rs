@@ -18,10 +18,11 @@ use super::record::{Prediction, Record, Rejected};
 use super::repeats::{once_per_id, ArrivedIds};
 use super::sample::UpdateBatch;
 use super::shard_thread::{answer_jobs, ShardDone, ShardJob, ShardMaker};
+use crate::model::data::span;
 use crate::model::dual::blocks::route;
 use crate::model::dual::point::PointId;
 use crate::model::scoring::{ScoringModel, ToScore};
-use crate::model::{Answer, Kernel, Likelihood, Partition, Query, Snapshot};
+use crate::model::{Answer, Arrivals, Kernel, Likelihood, Partition, Query, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -377,7 +378,10 @@ impl PartitionWorker {
             })
             .collect();
         rows.sort_unstable_by_key(|row| row.0);
-        Answer::Arrivals(rows)
+        Answer::Arrivals(Arrivals {
+            rows,
+            time_span: span(labelled.iter().filter_map(|r| r.time)),
+        })
     }
 }
 
@@ -391,6 +395,9 @@ fn check(record: &Record, features: usize, likelihood: &Likelihood) -> Result<()
     }
     if let Some(j) = record.features.iter().position(|v| !v.is_finite()) {
         return Err(format!("feature {j} is {}", record.features[j]));
+    }
+    if let Some(t) = record.time.filter(|t| !t.is_finite()) {
+        return Err(format!("its time is {t}"));
     }
     let d = record.output;
     if d >= likelihood.n_outputs() {
@@ -423,5 +430,7 @@ mod tests {
         assert!(label.contains("0.3"), "{label}");
         let single = Likelihood::Gaussian { variance: 1.0 };
         assert!(check(&record(1, 0.3), 1, &single).is_err());
+        let untimely = check(&record(0, 0.3).at_time(f64::NAN), 1, &lik).unwrap_err();
+        assert!(untimely.contains("time is NaN"), "{untimely}");
     }
 }

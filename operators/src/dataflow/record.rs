@@ -17,6 +17,11 @@ pub struct Record {
     /// single-output model.
     #[serde(default)]
     pub output: usize,
+    /// When the record happened, in the stream's own unit: with forgetting
+    /// on, a record's weight halves every half-life of this time after it
+    /// rather than every half-life of records. `None`: ages by records.
+    #[serde(default)]
+    pub time: Option<f64>,
 }
 
 impl Record {
@@ -27,7 +32,14 @@ impl Record {
             features,
             label,
             output: 0,
+            time: None,
         }
+    }
+
+    /// The record at `time` (see [`Record::time`]).
+    pub fn at_time(mut self, time: f64) -> Self {
+        self.time = Some(time);
+        self
     }
 
     /// The record as an observation of output `d`.

@@ -26,7 +26,7 @@ use super::beside::{Beside, Jobs, Polled, Results};
 use super::health::{panic_message, unusable};
 use super::options::{GpOptions, Round, Scoring};
 use super::sample::{Pace, Sample, UpdateBatch};
-use crate::model::{Answer, Query, SequentialLearner, Shards, UpdateReport};
+use crate::model::{Answer, Arrivals, Query, SequentialLearner, Shards, UpdateReport};
 
 /// The learner after an epoch's update: the new model and a checkpointable state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -412,7 +412,8 @@ impl Reducer {
     fn sample(&mut self, arrivals: &mut WorkerAnswer, from_epoch: u64, to_epoch: u64) -> (UpdateBatch, u64) {
         let sample = self.pace.sample_for(to_epoch + 1 - from_epoch);
         let mut shed = std::mem::take(&mut self.shed_unreported);
-        if let Ok(Answer::Arrivals(rows)) = arrivals {
+        // The span stays: the epochs' time passed whatever the sample keeps.
+        if let Ok(Answer::Arrivals(Arrivals { rows, .. })) = arrivals {
             let arrived = rows.len();
             rows.retain(|(point, _)| sample.keeps(point.id));
             shed += (arrived - rows.len()) as u64;

@@ -43,6 +43,9 @@ pub struct Data {
     /// Output index per record; every record observes output 0 when empty
     /// (a single-output stream pays nothing for the column it lacks).
     outputs: Vec<usize>,
+    /// Each record's time, forgetting's clock (see [`with_times`](Self::with_times));
+    /// empty when the records carry none.
+    times: Vec<f64>,
 }
 
 impl Data {
@@ -73,6 +76,7 @@ impl Data {
             x,
             y,
             outputs: Vec::new(),
+            times: Vec::new(),
         })
     }
 
@@ -106,6 +110,27 @@ impl Data {
         Data::with_outputs(x, y, outputs)
     }
 
+    /// The same records, each at its time: forgetting then counts a record's
+    /// age in time rather than in the records after it
+    /// ([`Forgetting`](crate::model::dual::forgetting::Forgetting)).
+    pub fn with_times(mut self, times: Vec<f64>) -> Result<Self> {
+        if times.len() != self.n() {
+            return Err(ModelError::Dimension {
+                what: "record times".into(),
+                expected: self.n(),
+                got: times.len(),
+            });
+        }
+        if let Some(row) = times.iter().position(|t| !t.is_finite()) {
+            return Err(ModelError::NonFinite {
+                row,
+                what: "time".into(),
+            });
+        }
+        self.times = times;
+        Ok(self)
+    }
+
     /// Records given as rows of features.
     pub fn from_rows(rows: &[Vec<f64>], y: &[f64]) -> Result<Self> {
         let d = rows.first().map_or(0, Vec::len);
@@ -135,6 +160,11 @@ impl Data {
         self.outputs.get(i).copied().unwrap_or(0)
     }
 
+    /// The earliest and the latest of the records' times, when they carry times.
+    pub fn time_span(&self) -> Option<(f64, f64)> {
+        span(self.times.iter().copied())
+    }
+
     /// Whether some record observes an output other than 0.
     pub fn has_outputs(&self) -> bool {
         !self.outputs.is_empty()
@@ -160,6 +190,11 @@ impl Data {
             } else {
                 rows.iter().map(|&r| self.outputs[r]).collect()
             },
+            times: if self.times.is_empty() {
+                Vec::new()
+            } else {
+                rows.iter().map(|&r| self.times[r]).collect()
+            },
         }
     }
 
@@ -178,4 +213,11 @@ impl Data {
             .enumerate()
             .try_for_each(|(row, &y)| likelihood.check_label_of(row, self.output(row), y))
     }
+}
+
+/// The earliest and the latest of `times`; None when there are none.
+pub fn span(times: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
+    times.into_iter().fold(None, |s, t| {
+        Some(s.map_or((t, t), |(a, b): (f64, f64)| (a.min(t), b.max(t))))
+    })
 }

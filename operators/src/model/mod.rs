@@ -31,7 +31,7 @@ pub use dual::point::PointId;
 pub use dual::sequential::{
     InducingPolicy, PastInMStep, SequentialConfig, SequentialLearner, Shards, StepSeconds, UpdateReport,
 };
-pub use dual::shard::{Answer, BlockSums, Partition, Query, Shard, Summand, BLOCKS};
+pub use dual::shard::{Answer, Arrivals, BlockSums, Partition, Query, Shard, Summand, BLOCKS};
 pub use dual::share::MemoryShare;
 pub use dual::snapshot::Snapshot;
 pub use error::ModelError;

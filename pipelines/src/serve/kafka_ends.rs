@@ -221,6 +221,7 @@ impl Ends for KafkaEnds {
                         m1.predictions_out.inc_by(out.len() as u64);
                         for p in &out {
                             m1.observe_staleness(p.staleness());
+                            m1.observe_prediction(p);
                             t1.predicted(p);
                         }
                     }

@@ -16,6 +16,14 @@
 //! [`Forgetting::Auto`] picks each update's discount from how probable its
 //! batch is under each candidate before it is learned ([`Evidence`]).
 //!
+//! When records carry times ([`Data::with_times`](crate::model::Data::with_times),
+//! `Record::time`), age is counted in time instead ([`Clock`]): a record's
+//! weight halves every half-life of time after its update's latest record,
+//! so a pause in the stream forgets and a burst does not. A wandering level
+//! is then a local-level model (a random walk observed in noise), whose
+//! Kalman filter in its steady state is exactly such an exponential
+//! discount of the past.
+//!
 //! Discounting the sites rather than adding a temporal kernel keeps the
 //! model's inputs and `m` inducing inputs for the space the user's features
 //! span (a time input would need inducing inputs along time, spent anew as it
@@ -29,7 +37,8 @@ use crate::model::error::{ModelError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Forgetting {
-    /// A record's weight halves every this many records that arrive after it.
+    /// A record's weight halves every this many records that arrive after it
+    /// (this much time, when records carry times).
     HalfLife(f64),
     /// Each update picks its discount from the prequential evidence of its
     /// batch: among those of [`AUTO_HALF_LIVES`] under which the batch,
@@ -52,25 +61,87 @@ impl Forgetting {
         }
     }
 
-    /// The discounts an update of `records` new ones may apply: one for a
-    /// half-life; for [`Auto`](Forgetting::Auto), none (1) first, then
-    /// [`AUTO_HALF_LIVES`]' in turn.
-    pub fn candidates(&self, records: usize) -> Vec<f64> {
+    /// The discounts an update that ages the past by `age` may apply: one
+    /// for a half-life; for [`Auto`](Forgetting::Auto), none (1) first, then
+    /// [`AUTO_HALF_LIVES`]' in turn (half-lives in records' worth of time).
+    pub fn candidates(&self, age: Age) -> Vec<f64> {
         match *self {
-            Forgetting::HalfLife(h) => vec![halved(records, h)],
+            Forgetting::HalfLife(h) => vec![halved(age.units, h)],
             Forgetting::Auto => std::iter::once(1.0)
-                .chain(AUTO_HALF_LIVES.iter().map(|&h| halved(records, h)))
+                .chain(AUTO_HALF_LIVES.iter().map(|&h| halved(age.records, h)))
                 .collect(),
         }
     }
 
-    /// Records between M-steps at most: a half-life, since the evidence `θ`
-    /// was fitted to has halved by then (none for [`Auto`](Forgetting::Auto),
-    /// whose strong discounts take their M-steps at once).
-    pub fn m_every_cap(&self) -> Option<usize> {
+    /// Records between M-steps at most: a half-life (in records' worth by
+    /// `clock`), since the evidence `θ` was fitted to has halved by then (none
+    /// for [`Auto`](Forgetting::Auto), whose strong discounts take their
+    /// M-steps at once).
+    pub fn m_every_cap(&self, clock: &Clock) -> Option<usize> {
         match *self {
-            Forgetting::HalfLife(h) => Some(h.ceil() as usize),
+            Forgetting::HalfLife(h) => Some(clock.in_records(h).ceil().max(1.0) as usize),
             Forgetting::Auto => None,
+        }
+    }
+}
+
+/// How much an update ages everything learned before it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Age {
+    /// In the half-life's units: records, or time when records carry times.
+    pub units: f64,
+    /// In records' worth (the same as `units` when age is counted in records).
+    pub records: f64,
+}
+
+impl Age {
+    /// The age `n` records bring when age is counted in records.
+    pub fn of_records(n: usize) -> Age {
+        Age {
+            units: n as f64,
+            records: n as f64,
+        }
+    }
+}
+
+/// Forgetting's clock: records, until a batch's records carry times; from
+/// then on the stream's time, each update aging the past by the time from
+/// the latest record learned before it to its own latest (none for a batch
+/// that comes back in time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Clock {
+    /// The earliest and the latest time learned.
+    span: Option<(f64, f64)>,
+    /// Records learned since the clock first read a time.
+    records: u64,
+}
+
+impl Clock {
+    /// The age an update of `n` records whose times span `span` (if they
+    /// carry times) brings; the clock moves on to its latest.
+    pub fn advance(&mut self, n: usize, span: Option<(f64, f64)>) -> Age {
+        let Some((earliest, latest)) = span else {
+            return Age::of_records(n);
+        };
+        let (first, before) = self.span.unwrap_or((earliest, latest));
+        let units = (latest - before).max(0.0);
+        let age = Age {
+            units,
+            records: self.in_records(units),
+        };
+        self.span = Some((first.min(earliest), before.max(latest)));
+        self.records += n as u64;
+        age
+    }
+
+    /// `time` as the records that arrive in it at the stream's average pace
+    /// (itself when age is counted in records, or before time has passed).
+    pub fn in_records(&self, time: f64) -> f64 {
+        match self.span {
+            Some((first, latest)) if latest > first && self.records > 1 => {
+                time * (self.records - 1) as f64 / (latest - first)
+            }
+            _ => time,
         }
     }
 }
@@ -140,19 +211,19 @@ impl Evidence {
     }
 }
 
-/// What is left of a weight once `records` more have arrived, at half-life `half_life`.
-fn halved(records: usize, half_life: f64) -> f64 {
-    (-(records as f64) / half_life).exp2()
+/// What is left of a weight once it has aged `age`, at half-life `half_life`.
+fn halved(age: f64, half_life: f64) -> f64 {
+    (-age / half_life).exp2()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Evidence, Forgetting};
+    use super::{Age, Clock, Evidence, Forgetting};
 
     #[test]
     fn a_weight_halves_every_half_life_however_the_records_come() {
         let forgetting = Forgetting::HalfLife(300.0);
-        let factor = |n| forgetting.candidates(n)[0];
+        let factor = |n| forgetting.candidates(Age::of_records(n))[0];
         assert_eq!(factor(0), 1.0);
         assert!((factor(300) - 0.5).abs() < 1e-15);
         let in_steps = factor(100) * factor(250) * factor(250);
@@ -163,7 +234,7 @@ mod tests {
 
     #[test]
     fn auto_forgets_only_when_a_discount_gains_significantly_on_the_batchs_records() {
-        let candidates = Forgetting::Auto.candidates(100);
+        let candidates = Forgetting::Auto.candidates(Age::of_records(100));
         assert_eq!(candidates[0], 1.0);
         assert!(
             candidates.windows(2).skip(1).all(|w| w[0] < w[1]),
@@ -191,5 +262,32 @@ mod tests {
         let (mut halves, whole) = (evidence(&moved[..7]), evidence(&moved));
         halves.add(&evidence(&moved[7..]));
         assert_eq!(halves.chosen(), whole.chosen());
+    }
+
+    /// A clock of times ages the past by the time between the latest
+    /// records, counts that time in records at the stream's pace for `auto`
+    /// and for the M-steps' cap, and never runs backwards.
+    #[test]
+    fn a_clock_of_times_ages_by_the_time_that_passed() {
+        let mut clock = Clock::default();
+        assert_eq!(clock.advance(7, None), Age::of_records(7), "no times: records");
+        // Ten records a unit of time: 0.0, 0.1, …, 0.9.
+        let first = clock.advance(10, Some((0.0, 0.9)));
+        assert_eq!(first.units, 0.0, "nothing came before the first time");
+        let age = clock.advance(10, Some((1.0, 1.9)));
+        assert!(
+            (age.units - 1.0).abs() < 1e-12 && (age.records - 10.0).abs() < 1e-9,
+            "{age:?}"
+        );
+        let pause = clock.advance(10, Some((11.0, 11.9)));
+        assert!((pause.units - 10.0).abs() < 1e-12, "a pause ages: {pause:?}");
+        assert_eq!(
+            clock.advance(5, Some((3.0, 4.0))).units,
+            0.0,
+            "late records age nothing"
+        );
+        assert_eq!(Forgetting::HalfLife(2.0).candidates(pause)[0], (-5.0f64).exp2());
+        // 35 records over 11.9 units: a half-life of 3.4 units is 10 records' worth.
+        assert_eq!(Forgetting::HalfLife(3.4).m_every_cap(&clock), Some(10));
     }
 }

@@ -15,7 +15,7 @@ pub use crate::model::dual::ask::Shards;
 use crate::model::dual::ask::{at_once, e_steps_beside, totals, totals_in, unexpected, Local};
 use crate::model::dual::blocks::{m_step_sample, Blocks};
 use crate::model::dual::estep::{without, EStepConfig};
-use crate::model::dual::forgetting::Forgetting;
+use crate::model::dual::forgetting::{Age, Clock, Forgetting};
 use crate::model::dual::memory::{full_weight, top_k, FirstSites, Memory, MemoryPoint, MemoryPolicy};
 use crate::model::dual::objective::{hyperparameters, set_hyperparameters, with_inducing_inputs};
 use crate::model::dual::past::{ConditionalTerm, PastMessage, Seen};
@@ -299,6 +299,9 @@ pub struct SequentialLearner {
     /// [`SequentialConfig::forgetting`]); None: `n_seen`, each record whole.
     #[serde(default)]
     weight_seen: Option<f64>,
+    /// How forgetting counts age: records, or the records' times.
+    #[serde(default)]
+    clock: Clock,
     /// Batches learned so far.
     pub batches: u64,
     /// Threads this process's own updates answer their blocks on: a choice
@@ -332,6 +335,7 @@ impl SequentialLearner {
             curvature: Curvature::default(),
             n_seen: 0,
             weight_seen: None,
+            clock: Clock::default(),
             batches: 0,
             threads: 1,
         })
@@ -397,8 +401,8 @@ impl SequentialLearner {
     pub async fn learn(&mut self, shards: &mut impl Shards) -> Result<UpdateReport> {
         // A learner read back from a checkpoint has no cached factors yet.
         self.ensure_factors()?;
-        let arrivals = match shards.ask(Query::Arrivals).await {
-            Answer::Arrivals(rows) => rows,
+        let (arrivals, time_span) = match shards.ask(Query::Arrivals).await {
+            Answer::Arrivals(a) => (a.rows, a.time_span),
             other => return Err(unexpected("arrivals", &other)),
         };
         let x = DMatrix::from_fn(arrivals.len(), arrivals[0].1.len(), |i, j| arrivals[i].1[j]);
@@ -407,7 +411,8 @@ impl SequentialLearner {
             let z = select_inducing(&self.kernel, &x, self.config.inducing, self.config.pivot);
             self.init(z)?;
         }
-        let discount = self.discount(shards, x.nrows()).await?;
+        let age = self.clock.advance(x.nrows(), time_span);
+        let discount = self.discount(shards, age).await?;
         self.forget(discount)?;
         // A strong discount is a stream that moved: its M-step comes at once.
         let drifted = discount < 0.5;
@@ -509,7 +514,7 @@ impl SequentialLearner {
     /// every 1 000; docs/RESULTS.md).
     fn m_every(&self) -> usize {
         let every = self.config.m_every;
-        match self.config.forgetting.and_then(|f| f.m_every_cap()) {
+        match self.config.forgetting.and_then(|f| f.m_every_cap(&self.clock)) {
             Some(cap) if every > 0 => every.min(cap),
             _ => every,
         }
@@ -561,15 +566,15 @@ impl SequentialLearner {
         }
     }
 
-    /// What is left of the weight of everything learned so far once `n`
-    /// more records arrive (see [`Forgetting`]): 1 without forgetting; the
+    /// What is left of the weight of everything learned so far once it has
+    /// aged `age` (see [`Forgetting`]): 1 without forgetting; the
     /// automatic mode asks the shards how probable the batch is under each
     /// candidate discount and takes the one [`Evidence::chosen`](crate::model::dual::forgetting::Evidence::chosen) picks.
-    async fn discount(&self, shards: &mut impl Shards, n: usize) -> Result<f64> {
+    async fn discount(&self, shards: &mut impl Shards, age: Age) -> Result<f64> {
         let Some(forgetting) = self.config.forgetting else {
             return Ok(1.0);
         };
-        let candidates = forgetting.candidates(n);
+        let candidates = forgetting.candidates(age);
         if candidates.len() == 1 || self.n_seen == 0 {
             return Ok(candidates[0]);
         }

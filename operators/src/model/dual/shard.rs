@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
-use crate::model::data::Data;
+use crate::model::data::{span, Data};
 use crate::model::dual::blocks::Blocks;
 pub use crate::model::dual::blocks::{route, BlockSums, Partition, Summand, BLOCKS};
 use crate::model::dual::estep::{site_update, Anchored, Counted, PointSites, StepSize};
@@ -145,8 +145,8 @@ pub enum Query {
 pub enum Answer {
     /// No answer (a block outside the focus, a query without one).
     Nothing,
-    /// Ids and inputs of the batch's records, in id order.
-    Arrivals(Vec<(PointId, Vec<f64>)>),
+    /// The batch's records as the learner first sees them.
+    Arrivals(Arrivals),
     /// Contributions to the site totals, per latent.
     Totals(BlockSums<Vec<Sites>>),
     /// Contributions to the site totals in `K`'s coordinates, per latent:
@@ -166,6 +166,27 @@ pub enum Answer {
     Evidence(BlockSums<Evidence>),
 }
 
+/// A batch's records as the learner first sees them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Arrivals {
+    /// Ids and inputs, in id order.
+    pub rows: Vec<(PointId, Vec<f64>)>,
+    /// The earliest and the latest of their times, when they carry times
+    /// (forgetting's clock).
+    pub time_span: Option<(f64, f64)>,
+}
+
+impl Arrivals {
+    /// Both shares, rows in id order, spans joined.
+    fn merge(mut self, other: Arrivals) -> Arrivals {
+        self.rows.extend(other.rows);
+        self.rows.sort_by_key(|r| r.0);
+        let ends = [self.time_span, other.time_span].into_iter().flatten();
+        self.time_span = span(ends.flat_map(|(a, b)| [a, b]));
+        self
+    }
+}
+
 impl Answer {
     /// Keeps block sums apart and concatenates lists (in id order, so that
     /// the whole does not depend on how the points were shared out).
@@ -173,11 +194,7 @@ impl Answer {
         match (self, other) {
             (Answer::Nothing, b) => b,
             (a, Answer::Nothing) => a,
-            (Answer::Arrivals(mut a), Answer::Arrivals(b)) => {
-                a.extend(b);
-                a.sort_by_key(|r| r.0);
-                Answer::Arrivals(a)
-            }
+            (Answer::Arrivals(a), Answer::Arrivals(b)) => Answer::Arrivals(a.merge(b)),
             (Answer::Totals(a), Answer::Totals(b)) => Answer::Totals(a.merge(b)),
             (Answer::KernelTotals(a), Answer::KernelTotals(b)) => Answer::KernelTotals(a.merge(b)),
             (Answer::Step(a), Answer::Step(b)) => Answer::Step(a.merge(b)),
@@ -647,13 +664,15 @@ impl Block {
 
     fn arrivals(&self) -> Answer {
         match &self.batch {
-            Some(batch) => Answer::Arrivals(
-                self.batch_ids
+            Some(batch) => Answer::Arrivals(Arrivals {
+                rows: self
+                    .batch_ids
                     .iter()
                     .zip(batch.x().row_iter())
                     .map(|(&id, x)| (id, x.iter().copied().collect()))
                     .collect(),
-            ),
+                time_span: batch.time_span(),
+            }),
             None => Answer::Nothing,
         }
     }
