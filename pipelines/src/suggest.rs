@@ -16,7 +16,7 @@ use dualgp_connectors::Table;
 use dualgp_operators::dataflow::CheckpointStore;
 use dualgp_operators::model::fantasy::{propose_batch, Acquisition, Conditioned, Fantasy, Search, Surrogate};
 use dualgp_operators::model::{Data, DualPosterior, Likelihood, ModelError, SequentialLearner, StreamingLearner};
-use nalgebra::DMatrix;
+use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -69,6 +69,12 @@ pub struct SuggestArgs {
     /// The label a chosen point is fantasised with before the next is chosen.
     #[arg(long, value_enum, default_value = "mean")]
     pub fantasy: FantasyName,
+    /// With --data: a column of 0/1 saying whether each evaluation succeeded
+    /// (a safe landing, a feasible design). A Bernoulli model learned from
+    /// it weighs ei or ucb by the probability of success, and each chosen
+    /// point is fantasised in both models.
+    #[arg(long, value_name = "NAME", requires = "data")]
+    pub success_target: Option<String>,
 }
 
 /// `--acquisition`: what a point is chosen for.
@@ -153,6 +159,8 @@ struct Fitted {
     scaling: Standardizer,
     /// Expected improvement's incumbent: the best output seen, standardised.
     incumbent: f64,
+    /// The model of success (`--success-target`), on the same inputs.
+    success: Option<(DualPosterior, Likelihood)>,
 }
 
 /// Learns or loads the model, then chooses the batch.
@@ -174,11 +182,24 @@ fn check_acquisition_flags(args: &SuggestArgs) -> Result<()> {
     if args.maximize && args.acquisition == AcquisitionName::Entropy {
         bail!("--maximize applies to ei and ucb; entropy always seeks the most uncertain points");
     }
+    if args.success_target.is_some() && args.acquisition == AcquisitionName::Entropy {
+        bail!("--success-target weighs ei or ucb; entropy seeks uncertain points, feasible or not");
+    }
     Ok(())
 }
 
-/// The acquisition the flags ask for, of the one model.
+/// The acquisition the flags ask for: of the first model, times the
+/// probability of success under the second with `--success-target`.
 fn acquisition(args: &SuggestArgs, incumbent: f64) -> Acquisition {
+    let of_the_target = target_acquisition(args, incumbent);
+    match args.success_target {
+        Some(_) => Acquisition::Product(vec![of_the_target, Acquisition::Feasibility { model: 1 }]),
+        None => of_the_target,
+    }
+}
+
+/// The acquisition of the target's model alone.
+fn target_acquisition(args: &SuggestArgs, incumbent: f64) -> Acquisition {
     let (model, maximize) = (0, args.maximize);
     match args.acquisition {
         AcquisitionName::Ei => Acquisition::ExpectedImprovement {
@@ -198,7 +219,7 @@ fn acquisition(args: &SuggestArgs, incumbent: f64) -> Acquisition {
 /// Refuses an acquisition the model cannot serve, before anything is learned.
 fn check_acquisition_fits(args: &SuggestArgs, likelihood: &Likelihood) -> Result<()> {
     let flag = format!("--acquisition {}", flag_name(args.acquisition));
-    acquisition(args, 0.0).validate(&[likelihood]).map_err(|e| {
+    target_acquisition(args, 0.0).validate(&[likelihood]).map_err(|e| {
         let classes = matches!(likelihood, Likelihood::Bernoulli { .. } | Likelihood::Softmax { .. });
         let hint = if classes { "; entropy works with any model" } else { "" };
         anyhow!("{}{hint}", refusal(&flag, e))
@@ -276,6 +297,7 @@ fn from_checkpoint(dir: &Path, args: &SuggestArgs) -> Result<Fitted> {
         posterior,
         scaling,
         incumbent,
+        success: None,
     })
 }
 
@@ -329,12 +351,51 @@ fn from_file(file: &Path, args: &SuggestArgs) -> Result<Fitted> {
     })?;
     let (posterior, likelihood) = learn(args.method, &settings, likelihood, &data)
         .with_context(|| format!("cannot learn from {}", file.display()))?;
+    let (success, incumbent) = match &args.success_target {
+        None => (None, best(data.y().iter().copied(), args.maximize)),
+        Some(column) => {
+            let outcomes = successes(file, args, column, table.ids.len())?;
+            let outcome_data = Data::new(data.x().clone(), DVector::from_column_slice(&outcomes))?;
+            let bernoulli = Likelihood::parse("bernoulli").map_err(|e| refusal("--success-target", e))?;
+            let model = learn(args.method, &settings, bernoulli, &outcome_data)
+                .with_context(|| format!("cannot learn --success-target {column} from {}", file.display()))?;
+            // Improvement counts over the best success (Gardner et al. 2014);
+            // over the best of all while none succeeded.
+            let succeeded = data.y().iter().zip(&outcomes).filter(|(_, &s)| s == 1.0);
+            let incumbent = match succeeded.clone().count() {
+                0 => best(data.y().iter().copied(), args.maximize),
+                _ => best(succeeded.map(|(&y, _)| y), args.maximize),
+            };
+            (Some(model), incumbent)
+        }
+    };
     Ok(Fitted {
         posterior,
         likelihood,
         scaling,
-        incumbent: best(data.y().iter().copied(), args.maximize),
+        incumbent,
+        success,
     })
+}
+
+/// `column` of `file` (0 a failure, 1 a success), one per row the target was read from.
+fn successes(file: &Path, args: &SuggestArgs, column: &str, rows: usize) -> Result<Vec<f64>> {
+    let columns = ColumnArgs {
+        target: Some(column.to_owned()),
+        ..args.columns.clone()
+    };
+    let outcomes = Table::read(file, &columns.spec()?)?;
+    let labels = outcomes.labels.unwrap_or_default();
+    if labels.len() != rows {
+        bail!(
+            "--success-target {column}: {} rows where the target has {rows}",
+            labels.len()
+        );
+    }
+    if let Some(bad) = labels.iter().find(|&&v| v != 0.0 && v != 1.0) {
+        bail!("--success-target {column}: {bad} is neither 0 (a failure) nor 1 (a success)");
+    }
+    Ok(labels)
 }
 
 /// The posterior and likelihood `method` learns from `data` in one batch.
@@ -359,6 +420,9 @@ fn learn(
 fn propose(fitted: &Fitted, args: &SuggestArgs) -> Result<Suggestion> {
     let surrogate = Conditioned::growing(&fitted.posterior, fitted.likelihood.clone())?;
     let mut models: Vec<Box<dyn Surrogate>> = vec![Box::new(surrogate)];
+    if let Some((posterior, likelihood)) = &fitted.success {
+        models.push(Box::new(Conditioned::growing(posterior, likelihood.clone())?));
+    }
     let search = Search::in_box(standardised(&args.bounds, &fitted.scaling));
     let fantasy = match args.fantasy {
         FantasyName::Mean => Fantasy::Mean,

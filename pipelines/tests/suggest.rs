@@ -66,7 +66,8 @@ fn evaluated() -> (DMatrix<f64>, Vec<f64>) {
 }
 
 /// The evaluated points as a Parquet file `dir/evaluated.parquet`, with
-/// `labels` in place of `y` when given.
+/// `labels` in place of `y` when given, and `landed`: 1 where `x0 < 200`
+/// (`u < ½`), 0 elsewhere (a success the minimiser lacks).
 fn evaluated_file(dir: &Path, labels: Option<Vec<f64>>) -> PathBuf {
     let (x, y) = evaluated();
     let path = dir.join("evaluated.parquet");
@@ -79,6 +80,12 @@ fn evaluated_file(dir: &Path, labels: Option<Vec<f64>>) -> PathBuf {
             ("x0", column(0)),
             ("x1", column(1)),
             ("y", Arc::new(Float64Array::from(labels.unwrap_or(y)))),
+            (
+                "landed",
+                Arc::new(Float64Array::from_iter_values(
+                    x.column(0).iter().map(|&v| f64::from(v < 200.0)),
+                )),
+            ),
         ],
         64,
     );
@@ -172,6 +179,42 @@ fn from_evaluated_points_ei_proposes_the_minimiser_first_and_the_maximiser_with_
     // corners whatever the candidates, so the check draws fantasy labels).
     let seeded = |seed: &'static str| suggest(&with(&["--batch", "3", "--fantasy", "sample", "--seed", seed]), 3);
     assert_ne!(seeded("1"), seeded("2"), "the draws follow the seed");
+}
+
+/// With `--success-target landed` the expected improvement (over the best
+/// success) is weighed by the probability of landing: the first point is a
+/// minimiser of `f` where `u < ½` (`sin 2πu ≥ 0` there, so `f ≥ −1`, reached
+/// at `v = 0.65`), and no point goes near the minimiser, which never lands.
+#[test]
+fn a_success_model_keeps_the_batch_where_evaluations_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = evaluated_file(dir.path(), None);
+    let args = [
+        "--data",
+        data.to_str().unwrap(),
+        "--likelihood",
+        "gaussian",
+        "--bounds",
+        BOUNDS,
+        "--batch",
+        "3",
+        "--success-target",
+        "landed",
+    ];
+    let points = suggest(&args, 3);
+    let f = |p: &[f64]| {
+        let (u, v) = ((p[0] - 100.0) / 200.0, (p[1] + 50.0) / 40.0);
+        (2.0 * PI * u).sin() + (2.0 * PI * (v + 0.1)).sin()
+    };
+    let first = &points[0];
+    assert!(
+        first[0] <= 200.0 && f(first) < -0.99,
+        "a landing minimiser first: {points:?}"
+    );
+    assert!(
+        points.iter().all(|p| p[0] < 225.0),
+        "none half way to the minimiser (250, −24), which never lands: {points:?}"
+    );
 }
 
 #[test]
@@ -340,6 +383,22 @@ fn bad_input_is_one_line_naming_the_problem() {
     refuses(
         [&from_data(BOUNDS, "2")[..], &["--kappa", "3"]].concat(),
         "--kappa is ucb's weight",
+    );
+    refuses(
+        [&from_data(BOUNDS, "2")[..], &["--success-target", "y"]].concat(),
+        "is neither 0 (a failure) nor 1 (a success)",
+    );
+    refuses(
+        [
+            &from_data(BOUNDS, "2")[..],
+            &["--success-target", "landed", "--acquisition", "entropy"],
+        ]
+        .concat(),
+        "--success-target weighs ei or ucb",
+    );
+    refuses(
+        [&from_data(BOUNDS, "2")[..], &["--success-target", "gone"]].concat(),
+        "gone",
     );
 }
 
