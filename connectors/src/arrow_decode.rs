@@ -243,22 +243,21 @@ impl Columns {
             .map(|f| number(f, Role::Feature))
             .collect::<Result<_, _>>()?;
         let label = dec.label.as_deref().map(|l| number(l, Role::Target)).transpose()?;
-        let time = match &dec.event_time {
-            None => None,
-            Some(t) => {
-                let raw = get(t, Role::EventTime)?;
-                let seconds = event_seconds(&raw, dec.time_scale).map_err(failed(t))?;
-                Some((raw, seconds))
-            }
+        let times = |name: &str, scale: Option<f64>, role: Role| -> Result<(ArrayRef, Float64Array), SchemaError> {
+            let raw = get(name, role)?;
+            let seconds = event_seconds(&raw, scale).map_err(failed(name))?;
+            Ok((raw, seconds))
         };
-        let clock = match &dec.clock {
-            None => None,
-            Some((t, scale)) => {
-                let raw = get(t, Role::Time)?;
-                let seconds = event_seconds(&raw, *scale).map_err(failed(t))?;
-                Some((raw, seconds))
-            }
-        };
+        let time = dec
+            .event_time
+            .as_deref()
+            .map(|t| times(t, dec.time_scale, Role::EventTime))
+            .transpose()?;
+        let clock = dec
+            .clock
+            .as_ref()
+            .map(|(t, scale)| times(t, *scale, Role::Time))
+            .transpose()?;
         let output = dec.output.as_deref().map(|o| integer(o, Role::Output)).transpose()?;
         Ok(Columns {
             id_raw,

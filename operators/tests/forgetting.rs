@@ -33,10 +33,16 @@ impl Aging {
     /// Each epoch's clock: the records or the time up to its end.
     fn clock(self) -> Vec<f64> {
         match self {
-            Aging::Records => EPOCHS
-                .iter()
-                .scan(0.0, |seen, &n| Some(*seen + n as f64).inspect(|&s| *seen = s))
-                .collect(),
+            Aging::Records => {
+                let mut seen = 0.0;
+                EPOCHS
+                    .iter()
+                    .map(|&n| {
+                        seen += n as f64;
+                        seen
+                    })
+                    .collect()
+            }
             Aging::Times => LATEST.to_vec(),
         }
     }
@@ -91,11 +97,7 @@ fn learn_in_epochs(learner: &mut SequentialLearner, data: &Data, aging: Aging) {
     }
 }
 
-fn assert_is_the_weighted_posterior(config: SequentialConfig, what: &str) {
-    assert_is_the_weighted_posterior_aging(config, what, Aging::Records)
-}
-
-fn assert_is_the_weighted_posterior_aging(config: SequentialConfig, what: &str, aging: Aging) {
+fn assert_is_the_weighted_posterior(config: SequentialConfig, what: &str, aging: Aging) {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let data = regression_data(&mut rng, EPOCHS.iter().sum());
     let z = uniform(&mut rng, 14, 2, 3.0);
@@ -133,7 +135,7 @@ fn forgetting_is_exact_regression_with_each_records_noise_divided_by_its_weight(
         memory: MemoryPolicy::None,
         ..SequentialConfig::default()
     };
-    assert_is_the_weighted_posterior(config, "the paper's learner, no memory");
+    assert_is_the_weighted_posterior(config, "the paper's learner, no memory", Aging::Records);
 }
 
 #[test]
@@ -145,7 +147,7 @@ fn a_re_learned_memory_counts_each_point_at_the_weight_forgetting_left_it() {
         },
         ..SequentialConfig::default()
     };
-    assert_is_the_weighted_posterior(config, "a bounded memory by BLS");
+    assert_is_the_weighted_posterior(config, "a bounded memory by BLS", Aging::Records);
 }
 
 #[test]
@@ -156,7 +158,7 @@ fn held_records_and_the_tuned_learners_share_of_the_past_keep_the_weighted_poste
         m_every: 60,
         ..SequentialConfig::tuned(5)
     };
-    assert_is_the_weighted_posterior(config, "the tuned learner");
+    assert_is_the_weighted_posterior(config, "the tuned learner", Aging::Records);
 }
 
 /// Records that carry times age by time: a pause forgets, whatever the
@@ -170,12 +172,12 @@ fn records_with_times_age_by_the_time_after_them() {
         },
         ..SequentialConfig::default()
     };
-    assert_is_the_weighted_posterior_aging(memory, "a bounded memory, by time", Aging::Times);
+    assert_is_the_weighted_posterior(memory, "a bounded memory, by time", Aging::Times);
     let tuned = SequentialConfig {
         m_every: 60,
         ..SequentialConfig::tuned(5)
     };
-    assert_is_the_weighted_posterior_aging(tuned, "the tuned learner, by time", Aging::Times);
+    assert_is_the_weighted_posterior(tuned, "the tuned learner, by time", Aging::Times);
 }
 
 /// With a half-life of one record an epoch of 60 leaves `2⁻⁶⁰` of what came
