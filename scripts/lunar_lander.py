@@ -8,8 +8,9 @@ controller in gymnasium's `lunar_lander` module (its gains, the angle clip
 and the two thresholds; the defaults are a point of the box), as in Eriksson
 et al. (2019). An evaluation flies the controller on LANDER_SEEDS fixed
 environment seeds: its reward is the mean episode return, and it succeeded
-when every episode came to rest on the ground rather than crashing or
-flying off. Each method starts from LANDER_INIT random points and evaluates
+when the lander came to rest on the ground, rather than crashing, flying
+off or hovering, on at least half of them (LANDER_SUCCESS_SHARE: a landing
+on every seed is so rare that a success model learns nothing from it). Each method starts from LANDER_INIT random points and evaluates
 up to LANDER_EVALS points in all:
 
 - `batch`: batches of 3 by fantasies (Alg. 2): expected improvement of the
@@ -21,8 +22,9 @@ up to LANDER_EVALS points in all:
 - `random`: uniform points.
 
 Arguments: DUALGP (a built binary) and OUT (a directory for the evaluated
-points and `lander.json`: each method's best reward after each evaluation,
-per start, and its wall time). LANDER_STARTS random starts (default 5).
+points, `lander.json`: each method's best reward after each evaluation,
+per start, and its wall time, and `best.METHOD.json`: the same curves for
+`dualgp curves --runs`). LANDER_STARTS random starts (default 5).
 Run it through `scripts/lunar_lander.sh`, which installs gymnasium and Box2D.
 """
 
@@ -42,6 +44,7 @@ STARTS = int(os.environ.get("LANDER_STARTS", "5"))
 INIT = int(os.environ.get("LANDER_INIT", "24"))
 EVALS = int(os.environ.get("LANDER_EVALS", "90"))
 SEEDS = range(int(os.environ.get("LANDER_SEEDS", "10")))
+SUCCESS_SHARE = float(os.environ.get("LANDER_SUCCESS_SHARE", "0.5"))
 BOUNDS = ";".join(["0,2"] * D)
 
 
@@ -65,8 +68,8 @@ def controller(w, s):
 
 
 def evaluate(env, w):
-    """The mean return over the fixed seeds, and whether every episode landed."""
-    returns, landed = [], True
+    """The mean return over the fixed seeds, and whether enough episodes landed."""
+    returns, landed = [], []
     for seed in SEEDS:
         s, _ = env.reset(seed=seed)
         total, done = 0.0, False
@@ -76,9 +79,9 @@ def evaluate(env, w):
             done = terminated or truncated
         # At rest on the ground the lander sleeps; a crash or a flight off
         # the screen ends the episode awake, and a timeout never lands.
-        landed &= terminated and not env.unwrapped.lander.awake
+        landed.append(terminated and not env.unwrapped.lander.awake)
         returns.append(total)
-    return float(np.mean(returns)), landed
+    return float(np.mean(returns)), bool(np.mean(landed) >= SUCCESS_SHARE)
 
 
 def write_evaluated(path, xs, ys, landed):
@@ -142,6 +145,8 @@ def main():
         finals = [r["best"][-1] for r in results[method]]
         print(f"{method}: best reward after {EVALS} evaluations {np.mean(finals):.1f} "
               f"(starts {', '.join(f'{v:.1f}' for v in finals)})", file=sys.stderr)
+        runs = [r["best"] for r in results[method]]
+        json.dump(runs, open(os.path.join(out, f"best.{method.replace(' ', '_')}.json"), "w"))
     json.dump(results, open(os.path.join(out, "lander.json"), "w"), indent=1)
 
 

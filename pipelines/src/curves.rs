@@ -1,6 +1,7 @@
 //! `dualgp curves`: one figure of a test figure after every batch from
-//! several `eval` reports (the learners of one experiment side by side), so
-//! a run's curves need no plotting outside the binary.
+//! several `eval` reports (the learners of one experiment side by side), or
+//! of any experiment's repeated runs, so a run's curves need no plotting
+//! outside the binary.
 
 use std::path::PathBuf;
 
@@ -16,8 +17,17 @@ pub struct CurvesArgs {
     /// An eval report and its label in the key, as LABEL=REPORT.json; once
     /// per line. A report of one batch (`--method offline`) is drawn as a
     /// level line across the others' batches
-    #[arg(long = "report", value_name = "LABEL=FILE", required = true)]
+    #[arg(long = "report", value_name = "LABEL=FILE", required_unless_present = "runs")]
     pub reports: Vec<String>,
+    /// Repeated runs of one method and its label in the key, as
+    /// LABEL=RUNS.json: a JSON array of runs, each an array of values at
+    /// steps 1, 2, …; drawn as the median over the runs in its
+    /// interquartile band
+    #[arg(long = "runs", value_name = "LABEL=FILE")]
+    pub runs: Vec<String>,
+    /// The x axis's label for `--runs` (with `--report`, `--against` names it)
+    #[arg(long, default_value = "step")]
+    pub steps: String,
     /// The batch entries' field to draw: test_rmse, test_nlpd, test_accuracy or seconds
     #[arg(long, default_value = "test_rmse")]
     pub metric: String,
@@ -49,6 +59,11 @@ pub fn run(args: &CurvesArgs) -> Result<usize> {
         .iter()
         .map(|given| read_series(given, &args.metric, args.against))
         .collect::<Result<Vec<_>>>()?;
+    let runs = args
+        .runs
+        .iter()
+        .map(|given| read_runs(given))
+        .collect::<Result<Vec<_>>>()?;
     let xs = series.iter().flat_map(|(_, points)| points.iter().map(|p| p.0));
     let span = (
         xs.clone().fold(f64::INFINITY, f64::min),
@@ -57,17 +72,20 @@ pub fn run(args: &CurvesArgs) -> Result<usize> {
     let curves: Vec<Curve> = series
         .into_iter()
         .map(|(name, points)| line(name, points, span))
+        .chain(runs)
         .collect();
     let title = match args.title.as_str() {
+        "" if args.reports.is_empty() => format!("{} after each {}", args.metric, args.steps),
         "" => format!("{} after each batch", args.metric),
         given => given.to_owned(),
     };
     let x_label = match args.against {
+        _ if args.reports.is_empty() => args.steps.as_str(),
         Against::Batches => "batches learned",
         Against::Seconds => "seconds of learning so far (log scale)",
     };
     let log = LogAxes {
-        x: args.against == Against::Seconds,
+        x: args.against == Against::Seconds && !args.reports.is_empty(),
         y: false,
     };
     quartile_curves(&args.output, &title, x_label, &args.metric, log, &curves)?;
@@ -106,6 +124,38 @@ fn read_series(given: &str, metric: &str, against: Against) -> Result<(String, V
     Ok((label.to_owned(), points))
 }
 
+/// `LABEL=FILE`'s runs as one curve: at each step the median over the runs
+/// and their quartiles.
+fn read_runs(given: &str) -> Result<Curve> {
+    let (label, file) = given
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--runs {given}: write LABEL=RUNS.json"))?;
+    let text = std::fs::read_to_string(file).with_context(|| format!("--runs {given}: cannot read {file}"))?;
+    let runs: Vec<Vec<f64>> = serde_json::from_str(&text)
+        .with_context(|| format!("--runs {given}: not a JSON array of runs, each an array of numbers"))?;
+    let steps = runs.first().map_or(0, Vec::len);
+    if steps == 0 || runs.iter().any(|run| run.len() != steps) {
+        bail!("--runs {given}: the runs must be non-empty and equally long");
+    }
+    let at = |q: f64| -> Vec<f64> { (0..steps).map(|i| quantile(runs.iter().map(|run| run[i]), q)).collect() };
+    Ok(Curve {
+        name: label.to_owned(),
+        x: (1..=steps).map(|i| i as f64).collect(),
+        median: at(0.5),
+        lower: at(0.25),
+        upper: at(0.75),
+    })
+}
+
+/// The `q`-quantile of `values`, linear between order statistics.
+fn quantile(values: impl Iterator<Item = f64>, q: f64) -> f64 {
+    let mut sorted: Vec<f64> = values.collect();
+    sorted.sort_by(f64::total_cmp);
+    let at = q * (sorted.len() - 1) as f64;
+    let (below, above) = (at.floor() as usize, at.ceil() as usize);
+    sorted[below] + (at - below as f64) * (sorted[above] - sorted[below])
+}
+
 /// A curve without a band; one point becomes a level line across `span`
 /// (the other curves' first to last `x`).
 fn line(name: String, points: Vec<(f64, f64)>, (first, last): (f64, f64)) -> Curve {
@@ -141,5 +191,22 @@ mod tests {
         assert_eq!((label.as_str(), by_time), ("a", vec![(0.5, 1.0), (0.75, 0.5)]));
         let missing = read_series(&given, "test_rmse", Against::Seconds).unwrap_err();
         assert!(missing.to_string().contains("no `test_rmse`"), "{missing}");
+    }
+
+    #[test]
+    fn runs_are_drawn_as_their_median_between_their_quartiles() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("runs.json");
+        std::fs::write(&file, "[[1, 10], [2, 20], [3, 30], [4, 40], [5, 50]]").unwrap();
+        let curve = read_runs(&format!("batch={}", file.display())).unwrap();
+        assert_eq!((curve.name.as_str(), curve.x), ("batch", vec![1.0, 2.0]));
+        assert_eq!(
+            (curve.median, curve.lower, curve.upper),
+            (vec![3.0, 30.0], vec![2.0, 20.0], vec![4.0, 40.0])
+        );
+        assert_eq!(quantile([0.0, 1.0].into_iter(), 0.25), 0.25);
+        std::fs::write(&file, "[[1, 10], [2]]").unwrap();
+        let ragged = read_runs(&format!("batch={}", file.display())).unwrap_err();
+        assert!(ragged.to_string().contains("equally long"), "{ragged}");
     }
 }

@@ -174,6 +174,7 @@ fn check(command: Command, dir: &Path) -> anyhow::Result<()> {
         Command::Curves(mut args) => {
             let absent = missing(dir, "report.json");
             args.reports = args.reports.iter().map(|_| format!("a={}", absent.display())).collect();
+            args.runs = args.runs.iter().map(|_| format!("a={}", absent.display())).collect();
             args.output = dir.join("curves.svg");
             curves::run(&args).map(|_| ())
         }
