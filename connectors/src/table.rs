@@ -119,6 +119,10 @@ pub struct ColumnSpec {
     /// The output column (integer; which output of a multi-output model a
     /// record observes, 0..D−1). A file without it observes output 0.
     pub output: Column,
+    /// Columns of some other use (such as a second target read on its own)
+    /// that a prefix or glob of features never matches, as it never matches
+    /// the id, label, fold, task or output column.
+    pub not_features: Vec<String>,
 }
 
 impl Default for ColumnSpec {
@@ -130,6 +134,7 @@ impl Default for ColumnSpec {
             fold: Column::IfPresent("fold".into()),
             task: Column::IfPresent("task".into()),
             output: Column::IfPresent("output".into()),
+            not_features: Vec::new(),
         }
     }
 }
@@ -217,6 +222,7 @@ impl TableColumns {
                 .into_iter()
                 .filter_map(Column::name),
         );
+        others.extend(spec.not_features.iter().map(String::as_str));
         let features = feature_columns(&spec.features, schema, &others)?;
         Ok(TableColumns {
             id: spec.id.clone(),

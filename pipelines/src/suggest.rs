@@ -72,7 +72,8 @@ pub struct SuggestArgs {
     /// With --data: a column of 0/1 saying whether each evaluation succeeded
     /// (a safe landing, a feasible design). A Bernoulli model learned from
     /// it weighs ei or ucb by the probability of success, and each chosen
-    /// point is fantasised in both models.
+    /// point is fantasised in both models. A glob of --features never
+    /// takes this column
     #[arg(long, value_name = "NAME", requires = "data")]
     pub success_target: Option<String>,
 }
@@ -332,7 +333,9 @@ fn from_file(file: &Path, args: &SuggestArgs) -> Result<Fitted> {
     let likelihood = Likelihood::parse(text).map_err(|e| refusal("--likelihood", e))?;
     let settings = args.learning.settings()?;
     check_acquisition_fits(args, &likelihood)?;
-    let table = Table::read(file, &args.columns.spec()?)?;
+    let mut spec = args.columns.spec()?;
+    spec.not_features.extend(args.success_target.clone());
+    let table = Table::read(file, &spec)?;
     check_dimension(&args.bounds, table.d())?;
     if table.ids.is_empty() {
         bail!("{}: no rows to learn from", file.display());
@@ -384,7 +387,11 @@ fn successes(file: &Path, args: &SuggestArgs, column: &str, rows: usize) -> Resu
         target: Some(column.to_owned()),
         ..args.columns.clone()
     };
-    let outcomes = Table::read(file, &columns.spec()?)?;
+    let mut spec = columns.spec()?;
+    // The reward is no feature here either (a glob of features would take it).
+    let reward = args.columns.target.as_deref().unwrap_or("y");
+    spec.not_features.push(reward.to_owned());
+    let outcomes = Table::read(file, &spec)?;
     let labels = outcomes.labels.unwrap_or_default();
     if labels.len() != rows {
         bail!(

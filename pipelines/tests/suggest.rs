@@ -202,6 +202,9 @@ fn a_success_model_keeps_the_batch_where_evaluations_succeed() {
         "landed",
     ];
     let points = suggest(&args, 3);
+    // A glob of features takes neither the reward nor the success column.
+    let by_glob = suggest(&[&args[..], &["--features", "*"]].concat(), 3);
+    assert_eq!(by_glob, points);
     let f = |p: &[f64]| {
         let (u, v) = ((p[0] - 100.0) / 200.0, (p[1] + 50.0) / 40.0);
         (2.0 * PI * u).sin() + (2.0 * PI * (v + 0.1)).sin()
