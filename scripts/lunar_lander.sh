@@ -17,8 +17,10 @@ bin=$(scripts/built-dualgp.sh "${LANDER_BIN:-}")
 out=${LANDER_OUT:-target/lander}
 "$venv/bin/python" scripts/lunar_lander.py "$bin" "$out"
 runs=()
-for method in batch one_at_a_time parallel_kriging random; do
-  runs+=(--runs "${method//_/ }=$out/best.$method.json")
+for file in "$out"/best.*.json; do # one a method (lunar_lander.py's METHODS)
+  method=${file##*/best.}
+  method=${method%.json}
+  runs+=(--runs "${method//_/ }=$file")
 done
 "$bin" curves "${runs[@]}" --metric "best reward" --steps "function evaluations" \
   --title "Lunar lander: best reward so far (median and quartiles over the starts)" \

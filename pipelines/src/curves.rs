@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::report::{quartile_curves, Curve, LogAxes};
@@ -74,31 +75,40 @@ pub fn run(args: &CurvesArgs) -> Result<usize> {
         .map(|(name, points)| line(name, points, span))
         .chain(runs)
         .collect();
+    // Runs alone are drawn against their steps; reports against `--against`.
+    let by_steps = args.reports.is_empty();
     let title = match args.title.as_str() {
-        "" if args.reports.is_empty() => format!("{} after each {}", args.metric, args.steps),
+        "" if by_steps => format!("{} after each {}", args.metric, args.steps),
         "" => format!("{} after each batch", args.metric),
         given => given.to_owned(),
     };
     let x_label = match args.against {
-        _ if args.reports.is_empty() => args.steps.as_str(),
+        _ if by_steps => args.steps.as_str(),
         Against::Batches => "batches learned",
         Against::Seconds => "seconds of learning so far (log scale)",
     };
     let log = LogAxes {
-        x: args.against == Against::Seconds && !args.reports.is_empty(),
+        x: args.against == Against::Seconds && !by_steps,
         y: false,
     };
     quartile_curves(&args.output, &title, x_label, &args.metric, log, &curves)?;
     Ok(curves.len())
 }
 
-/// `LABEL=FILE`'s label and its `(x, metric)` points, `x` as `against` says.
-fn read_series(given: &str, metric: &str, against: Against) -> Result<(String, Vec<(f64, f64)>)> {
+/// `--FLAG LABEL=FILE`'s label and the file's JSON as a `T`, or one line
+/// naming the flag and what `FILE` should hold.
+fn labelled_json<T: DeserializeOwned>(flag: &str, given: &str, holds: &str) -> Result<(String, T)> {
     let (label, file) = given
         .split_once('=')
-        .ok_or_else(|| anyhow!("--report {given}: write LABEL=REPORT.json"))?;
-    let text = std::fs::read_to_string(file).with_context(|| format!("--report {given}: cannot read {file}"))?;
-    let report: Value = serde_json::from_str(&text).with_context(|| format!("--report {given}: not JSON"))?;
+        .ok_or_else(|| anyhow!("--{flag} {given}: write LABEL=FILE.json"))?;
+    let text = std::fs::read_to_string(file).with_context(|| format!("--{flag} {given}: cannot read {file}"))?;
+    let value = serde_json::from_str(&text).with_context(|| format!("--{flag} {given}: not {holds}"))?;
+    Ok((label.to_owned(), value))
+}
+
+/// `LABEL=FILE`'s label and its `(x, metric)` points, `x` as `against` says.
+fn read_series(given: &str, metric: &str, against: Against) -> Result<(String, Vec<(f64, f64)>)> {
+    let (label, report): (String, Value) = labelled_json("report", given, "JSON")?;
     let batches = report["batches"]
         .as_array()
         .ok_or_else(|| anyhow!("--report {given}: no `batches`; is it an eval report?"))?;
@@ -121,25 +131,28 @@ fn read_series(given: &str, metric: &str, against: Against) -> Result<(String, V
     if points.is_empty() {
         bail!("--report {given}: no batches");
     }
-    Ok((label.to_owned(), points))
+    Ok((label, points))
 }
 
 /// `LABEL=FILE`'s runs as one curve: at each step the median over the runs
 /// and their quartiles.
 fn read_runs(given: &str) -> Result<Curve> {
-    let (label, file) = given
-        .split_once('=')
-        .ok_or_else(|| anyhow!("--runs {given}: write LABEL=RUNS.json"))?;
-    let text = std::fs::read_to_string(file).with_context(|| format!("--runs {given}: cannot read {file}"))?;
-    let runs: Vec<Vec<f64>> = serde_json::from_str(&text)
-        .with_context(|| format!("--runs {given}: not a JSON array of runs, each an array of numbers"))?;
+    let (name, runs): (String, Vec<Vec<f64>>) =
+        labelled_json("runs", given, "a JSON array of runs, each an array of numbers")?;
     let steps = runs.first().map_or(0, Vec::len);
     if steps == 0 || runs.iter().any(|run| run.len() != steps) {
         bail!("--runs {given}: the runs must be non-empty and equally long");
     }
-    let at = |q: f64| -> Vec<f64> { (0..steps).map(|i| quantile(runs.iter().map(|run| run[i]), q)).collect() };
+    let sorted: Vec<Vec<f64>> = (0..steps)
+        .map(|i| {
+            let mut values: Vec<f64> = runs.iter().map(|run| run[i]).collect();
+            values.sort_by(f64::total_cmp);
+            values
+        })
+        .collect();
+    let at = |q: f64| -> Vec<f64> { sorted.iter().map(|values| quantile(values, q)).collect() };
     Ok(Curve {
-        name: label.to_owned(),
+        name,
         x: (1..=steps).map(|i| i as f64).collect(),
         median: at(0.5),
         lower: at(0.25),
@@ -147,10 +160,8 @@ fn read_runs(given: &str) -> Result<Curve> {
     })
 }
 
-/// The `q`-quantile of `values`, linear between order statistics.
-fn quantile(values: impl Iterator<Item = f64>, q: f64) -> f64 {
-    let mut sorted: Vec<f64> = values.collect();
-    sorted.sort_by(f64::total_cmp);
+/// The `q`-quantile of `sorted` values, linear between order statistics.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
     let at = q * (sorted.len() - 1) as f64;
     let (below, above) = (at.floor() as usize, at.ceil() as usize);
     sorted[below] + (at - below as f64) * (sorted[above] - sorted[below])
@@ -204,7 +215,7 @@ mod tests {
             (curve.median, curve.lower, curve.upper),
             (vec![3.0, 30.0], vec![2.0, 20.0], vec![4.0, 40.0])
         );
-        assert_eq!(quantile([0.0, 1.0].into_iter(), 0.25), 0.25);
+        assert_eq!(quantile(&[0.0, 1.0], 0.25), 0.25);
         std::fs::write(&file, "[[1, 10], [2]]").unwrap();
         let ragged = read_runs(&format!("batch={}", file.display())).unwrap_err();
         assert!(ragged.to_string().contains("equally long"), "{ragged}");

@@ -389,8 +389,8 @@ fn successes(file: &Path, args: &SuggestArgs, column: &str, rows: usize) -> Resu
     };
     let mut spec = columns.spec()?;
     // The reward is no feature here either (a glob of features would take it).
-    let reward = args.columns.target.as_deref().unwrap_or("y");
-    spec.not_features.push(reward.to_owned());
+    let reward = args.columns.spec()?.label;
+    spec.not_features.extend(reward.name().map(str::to_owned));
     let outcomes = Table::read(file, &spec)?;
     let labels = outcomes.labels.unwrap_or_default();
     if labels.len() != rows {
