@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use timely::dataflow::channels::pact::Exchange;
@@ -99,6 +100,12 @@ struct Workers<'a> {
     arrivals: Option<Answer>,
     jobs: &'a Jobs<Job>,
     steps: &'a Results<Step>,
+    /// Questions the workers answered, and how long the learner waited for
+    /// them: beside the shards' own time (their debug line) this tells the
+    /// trips through the dataflow from the work.
+    questions: usize,
+    waited: Duration,
+    asked_at: Option<Instant>,
 }
 
 impl Workers<'_> {
@@ -123,12 +130,18 @@ impl Workers<'_> {
         if !self.steps.send(Step::Asks(Box::new(query))) {
             resume_unwind(Box::new(Stop::Abandoned));
         }
+        self.asked_at = Some(Instant::now());
         None
     }
 
     /// The merged answer to the question sent last.
     fn receive(&mut self) -> Answer {
-        match self.jobs.next() {
+        let job = self.jobs.next();
+        if let Some(asked_at) = self.asked_at.take() {
+            self.waited += asked_at.elapsed();
+            self.questions += 1;
+        }
+        match job {
             Some(Job::Answer(answer)) => answer,
             Some(Job::Abort(why)) => resume_unwind(Box::new(Stop::Fails(why))),
             Some(Job::Begin { .. } | Job::Refuse(_)) => {
@@ -175,6 +188,9 @@ fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<S
             arrivals: Some(arrivals),
             jobs: &jobs,
             steps: &steps,
+            questions: 0,
+            waited: Duration::ZERO,
+            asked_at: None,
         };
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             // Every question is answered before `ask` returns: one poll runs the update through.
@@ -194,6 +210,11 @@ fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<S
                 Err(panic) => Err(format!("the update panicked: {}", panic_message(&*panic))),
             },
         };
+        tracing::debug!(
+            questions = workers.questions,
+            waiting = workers.waited.as_secs_f64(),
+            "the update's questions to the workers"
+        );
         if outcome.is_err() {
             learner = before;
         }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
 
 use nalgebra::{DMatrix, DVector};
 
@@ -69,8 +70,11 @@ impl ShardDone {
 /// it drops once the workers have taken up the update's model.
 pub(super) fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results<ShardDone>) {
     let mut shard: Option<Shard> = None;
+    let (mut answers, mut busy) = (0, Duration::ZERO);
     while let Some(ShardJob { records, query }) = jobs.next() {
+        let started = Instant::now();
         if let Some(records) = records {
+            (answers, busy) = (0, Duration::ZERO);
             // Without a shard every answer of this update is its failure.
             shard = catch_unwind(AssertUnwindSafe(|| maker.shard_of(records))).ok();
         }
@@ -87,8 +91,15 @@ pub(super) fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results
             Some(Ok(model)) if answer.is_ok() => Some(Box::new(model)),
             _ => None,
         };
+        (answers, busy) = (answers + 1, busy + started.elapsed());
         if finished.is_some() {
             shard = None;
+            tracing::debug!(
+                shard = maker.partition.index,
+                answers,
+                busy = busy.as_secs_f64(),
+                "the update's answers from this shard"
+            );
         }
         if !done.send(ShardDone { answer, finished }) {
             return;
