@@ -162,3 +162,49 @@ fn under_long_lengthscales_f_is_still_the_collapsed_bound() {
     let bound = -0.5 * (n as f64 * (2.0 * std::f64::consts::PI).ln() + log_det + quad) - 0.5 * trace / NOISE;
     assert!((value - bound).abs() < 1e-6, "F = {value}, collapsed bound = {bound}");
 }
+
+/// Prediction in the regime where `K(Z, Z)` is nearly singular (long
+/// lengthscales, a large variance, jitter 1e-6) against Titsias' optimal
+/// SVGP written out here in whitened coordinates with nalgebra's own
+/// factorisations: `a = L⁻¹k`, `B = I + AAᵀ/σ²`, mean `aᵀB⁻¹Ay/σ²`,
+/// variance `k** − aᵀa + aᵀB⁻¹a`. A form with `K⁻¹` in it loses the
+/// variance's digits here (JOURNAL.md, 2026-11-29).
+#[test]
+fn under_long_lengthscales_predictions_are_titsias_optimal_svgp() {
+    let (variance, lengthscale) = (1.0e3, 40.0);
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let data = regression_data(&mut rng, 300);
+    let z = uniform(&mut rng, 30, 2, 3.0);
+    let x_star = uniform(&mut rng, 50, 2, 4.0);
+    let kernel = Kernel::stationary(Family::SquaredExponential, variance, vec![lengthscale]);
+    let mut post = DualPosterior::new(kernel, z.clone(), 1).unwrap();
+    post.jitter = 1e-6;
+    post.refresh().unwrap();
+    gaussian_e_step(&mut post, &data, &mut PointSites::zeros(data.n(), 1));
+    let got = post.predict_f(&x_star);
+
+    let k = se_with(&z, &z, variance, lengthscale) + DMatrix::identity(30, 30) * post.jitter;
+    let l = k.cholesky().unwrap().l();
+    let whiten = |b: DMatrix<f64>| l.solve_lower_triangular(&b).unwrap();
+    let a = whiten(se_with(&z, data.x(), variance, lengthscale));
+    let a_star = whiten(se_with(&z, &x_star, variance, lengthscale));
+    let b = (DMatrix::identity(30, 30) + &a * a.transpose() / NOISE)
+        .cholesky()
+        .unwrap();
+    let mean = a_star.transpose() * b.solve(&(&a * data.y())) / NOISE;
+    let explained = a_star.transpose() * b.solve(&a_star);
+    for i in 0..x_star.nrows() {
+        let col = a_star.column(i);
+        let want_var = variance - col.dot(&col) + explained[(i, i)];
+        let (got_mean, got_var) = (got.mean[(i, 0)], got.var[(i, 0)]);
+        assert!(
+            (got_mean - mean[i]).abs() < 1e-6 * mean[i].abs().max(1.0),
+            "mean {got_mean} against {}",
+            mean[i]
+        );
+        assert!(
+            (got_var - want_var).abs() < 1e-6 * want_var,
+            "point {i}: variance {got_var} against {want_var}"
+        );
+    }
+}

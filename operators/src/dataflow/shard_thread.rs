@@ -113,6 +113,7 @@ fn usable(model: &Snapshot) -> Result<Snapshot, String> {
     model
         .ensure_factors()
         .map_err(|e| format!("cannot take up the new model: {e}"))?;
+    model.posterior.prepare_predictions();
     Ok(model)
 }
 

@@ -136,6 +136,8 @@ pub(crate) struct Factors {
     inverses: OnceLock<Box<Inverses>>,
     /// Each `L_D⁻¹`, made on first use (the KL, `E_q[log t]`, `R⁻¹`, `q(u)`).
     d_inv_halves: OnceLock<Vec<DMatrix<f64>>>,
+    /// Each `G_c` of [`DualPosterior::variance_half`], made on first use (prediction).
+    variance_halves: OnceLock<Vec<DMatrix<f64>>>,
 }
 
 /// `K⁻¹`, each `D_c⁻¹`, each `R_c⁻¹` and each `R_c⁻¹ − K⁻¹`.
@@ -388,6 +390,7 @@ impl DualPosterior {
             w: vec![DVector::zeros(m); n_latent],
             inverses: OnceLock::new(),
             d_inv_halves: OnceLock::new(),
+            variance_halves: OnceLock::new(),
         });
         Ok(())
     }
@@ -412,6 +415,7 @@ impl DualPosterior {
             w,
             inverses: OnceLock::new(),
             d_inv_halves: old.d_inv_halves,
+            variance_halves: OnceLock::new(),
         });
         Ok(())
     }
@@ -491,6 +495,7 @@ impl DualPosterior {
             w,
             inverses: OnceLock::new(),
             d_inv_halves: OnceLock::new(),
+            variance_halves: OnceLock::new(),
         });
         Ok(())
     }
@@ -586,9 +591,57 @@ impl DualPosterior {
         a
     }
 
-    /// Predictive marginals of the latent functions at `x` (`n × d`).
+    /// Predictive marginals of the latent functions at `x` (`n × d`): with
+    /// `k = K(Z, x)`, mean `kᵀw` and variance `k(x, x) − ‖G k‖²`
+    /// ([`variance_half`](Self::variance_half)), one matrix product a batch
+    /// where [`marginals`](Self::marginals) whitens the columns first.
     pub fn predict_f(&self, x: &DMatrix<f64>) -> Marginals {
-        self.marginals(&self.cross(x))
+        let kzx = self.kernel.matrix(&self.z, x);
+        let prior = self.kernel.diag(x);
+        let f = self.factors();
+        let n = x.nrows();
+        let mut mean = DMatrix::zeros(n, self.n_latent());
+        let mut var = DMatrix::zeros(n, self.n_latent());
+        let mut gk = DMatrix::zeros(self.m(), n);
+        for c in 0..self.n_latent() {
+            mean.set_column(c, &kzx.tr_mul(&f.w[c]));
+            gk.gemm(1.0, self.variance_half(c), &kzx, 0.0);
+            var.set_column(c, &(&prior - column_sq_norms(&gk)));
+        }
+        Marginals { mean, var }
+    }
+
+    /// `G_c = S Vᵀ L⁻¹` with `P_c = V diag(p) Vᵀ` (the whitened site
+    /// precision, `D = I + P`) and `S = diag(√(p / (1 + p)))`, so that
+    /// `‖G k‖² = aᵀ(I − D⁻¹)a` for `a = L⁻¹k`: what the data explain of the
+    /// prior variance at an input. `S` is taken from `P`'s eigenvalues,
+    /// not `D`'s, so that directions the data barely touch lose no digits.
+    /// Made once per model on first use ([`prepare_predictions`](Self::prepare_predictions)).
+    pub fn variance_half(&self, c: usize) -> &DMatrix<f64> {
+        let f = self.factors();
+        &f.variance_halves.get_or_init(|| {
+            let mut l_inv = DMatrix::identity(self.m(), self.m());
+            solve_lower_in_place(&f.chol_k, &mut l_inv);
+            (self.whitened.iter())
+                .map(|sites| {
+                    let mut p = sites.lambda.clone();
+                    symmetrize(&mut p);
+                    let eigen = p.symmetric_eigen();
+                    let mut half = eigen.eigenvectors.transpose() * &l_inv;
+                    for (mut row, &p) in half.row_iter_mut().zip(eigen.eigenvalues.iter()) {
+                        let p = p.max(0.0);
+                        row *= (p / (1.0 + p)).sqrt();
+                    }
+                    half
+                })
+                .collect()
+        })[c]
+    }
+
+    /// Makes what [`predict_f`](Self::predict_f) needs now, so that the
+    /// first record a new model scores does not wait for it.
+    pub fn prepare_predictions(&self) {
+        self.variance_half(0);
     }
 
     /// Predictive marginals from precomputed kernel quantities.

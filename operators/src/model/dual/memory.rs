@@ -193,7 +193,9 @@ impl Memory {
 /// current posterior (paper Eq. 31): how much the record moves the posterior.
 /// For a Gaussian likelihood it is the ridge leverage score `v_i / σ²`.
 pub fn bayesian_leverage_scores(post: &DualPosterior, likelihood: &Likelihood, data: &Data) -> Vec<f64> {
-    let f = post.predict_f(data.x());
+    // The whitened columns' marginals, as the shards make them: the memory
+    // the learner keeps does not move with the scorer's rounding.
+    let f = post.marginals(&post.cross(data.x()));
     let mut e = Expectation::default();
     let mut scores = Vec::with_capacity(data.n());
     f.for_each_point(|i, mean, var| {
