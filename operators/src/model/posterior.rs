@@ -21,7 +21,7 @@ use crate::model::error::{ModelError, Result};
 use crate::model::math::kernel::{Kernel, Profile};
 use crate::model::math::linalg::{
     cholesky_inverse, cholesky_jittered, column_sq_norms, log_det, solve_lower_in_place, solve_lower_matrix_in_place,
-    solve_lower_transposed_in_place, symmetrize,
+    solve_lower_transposed_in_place, symmetric_eigen, symmetrize,
 };
 
 /// Default jitter, relative to the kernel's prior variance.
@@ -626,9 +626,9 @@ impl DualPosterior {
                 .map(|sites| {
                     let mut p = sites.lambda.clone();
                     symmetrize(&mut p);
-                    let eigen = p.symmetric_eigen();
-                    let mut half = eigen.eigenvectors.transpose() * &l_inv;
-                    for (mut row, &p) in half.row_iter_mut().zip(eigen.eigenvalues.iter()) {
+                    let (values, vectors) = symmetric_eigen(&p);
+                    let mut half = vectors.transpose() * &l_inv;
+                    for (mut row, &p) in half.row_iter_mut().zip(values.iter()) {
                         let p = p.max(0.0);
                         row *= (p / (1.0 + p)).sqrt();
                     }

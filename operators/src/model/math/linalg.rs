@@ -40,6 +40,32 @@ pub fn cholesky_jittered(a: &DMatrix<f64>, jitter: f64, what: &str) -> Result<(C
     }
 }
 
+/// The eigenvalues and eigenvectors (as columns) of a symmetric `a`. Entries
+/// below the rounding of the largest are taken as zero, and rows with no
+/// other entry are eigenvectors already (`e_i`, eigenvalue `a_ii`) that stay
+/// out of nalgebra's solver, which returns NaN on some matrices with zero
+/// rows (nalgebra issue 379): site precisions over inducing inputs far from
+/// the data have them.
+pub fn symmetric_eigen(a: &DMatrix<f64>) -> (DVector<f64>, DMatrix<f64>) {
+    let n = a.nrows();
+    let negligible = f64::EPSILON * a.amax();
+    let a = a.map(|v| if v.abs() < negligible { 0.0 } else { v });
+    let coupled: Vec<usize> = (0..n).filter(|&i| (0..n).any(|j| j != i && a[(i, j)] != 0.0)).collect();
+    let mut values = a.diagonal();
+    let mut vectors = DMatrix::identity(n, n);
+    if !coupled.is_empty() {
+        let eigen = a.select_rows(&coupled).select_columns(&coupled).symmetric_eigen();
+        for (bj, &j) in coupled.iter().enumerate() {
+            values[j] = eigen.eigenvalues[bj];
+            vectors.column_mut(j).fill(0.0);
+            for (bi, &i) in coupled.iter().enumerate() {
+                vectors[(i, j)] = eigen.eigenvectors[(bi, bj)];
+            }
+        }
+    }
+    (values, vectors)
+}
+
 /// `L⁻¹ B` for a lower-triangular Cholesky factor `L`, in place.
 pub fn solve_lower_in_place(chol: &Cholesky<f64, Dyn>, b: &mut DMatrix<f64>) {
     // l_dirty's upper triangle is garbage, but the solves read only the lower one.
@@ -284,6 +310,26 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    /// A site precision with a zero row and an entry of 1e-160 beside 1
+    /// (inducing inputs the data do not reach) decomposes without NaN, and
+    /// its pairs put it back together, orthonormal.
+    #[test]
+    fn symmetric_eigen_takes_zero_rows_and_negligible_entries() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let x = DMatrix::from_fn(5, 8, |_, _| rng.random_range(-1.0..1.0));
+        let mut a = DMatrix::zeros(7, 7);
+        a.view_mut((0, 0), (5, 5)).copy_from(&(&x * x.transpose()));
+        a[(6, 6)] = 1.0;
+        a[(6, 0)] = 1e-160;
+        a[(0, 6)] = 1e-160;
+        let (values, vectors) = symmetric_eigen(&a);
+        assert!(values.iter().chain(vectors.iter()).all(|v| v.is_finite()));
+        let back = &vectors * DMatrix::from_diagonal(&values) * vectors.transpose();
+        assert!((&back - &a).amax() < 1e-12 * a.amax(), "{back} against {a}");
+        assert!((vectors.transpose() * &vectors - DMatrix::<f64>::identity(7, 7)).amax() < 1e-12);
+        assert_eq!(values[5], 0.0, "the zero row is an eigenvector of its own");
+    }
 
     #[test]
     fn a_leaf_solves_a_column_to_the_same_bits_alone_or_beside_others() {
