@@ -8,7 +8,7 @@
 use nalgebra::{DMatrix, DVector};
 
 use crate::model::math::kernel::Rows;
-use crate::model::math::linalg::{solve_lower_transposed_matrix_in_place, symmetrize};
+use crate::model::math::linalg::{coupled_rows, solve_lower_transposed_matrix_in_place, symmetrize};
 use crate::model::posterior::{keeping_message, same_inducing_inputs, DualPosterior, Sites};
 
 /// Kept over the inducing inputs `Z_a` it was formed over, whitened by the
@@ -206,16 +206,7 @@ fn u_space(l0: &DMatrix<f64>, eta: &[Sites]) -> Vec<Sites> {
 /// which the M-step then climbs. (A
 /// Student-t message may truly curve down somewhere; this drops that too.)
 fn without_negative_curvature(a: DMatrix<f64>) -> DMatrix<f64> {
-    // Entries below the rounding of the largest are zero to the eigensolver's
-    // own precision. Rows with no other entry are eigenvectors already
-    // (e_i, with eigenvalue a_ii) and stay out of nalgebra's solver, which
-    // returns NaN on some matrices with zero rows (nalgebra issue 379) or
-    // entries of 1e−160 beside 1: inducing inputs far from the past's points
-    // leave both.
-    let negligible = f64::EPSILON * a.amax();
-    let a = a.map(|v| if v.abs() < negligible { 0.0 } else { v });
-    let n = a.nrows();
-    let coupled: Vec<usize> = (0..n).filter(|&i| (0..n).any(|j| j != i && a[(i, j)] != 0.0)).collect();
+    let (a, coupled) = coupled_rows(&a);
     let mut out = DMatrix::from_diagonal(&a.diagonal().map(|v| v.max(0.0)));
     if !coupled.is_empty() {
         let mut eigen = a.select_rows(&coupled).select_columns(&coupled).symmetric_eigen();

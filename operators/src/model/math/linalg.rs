@@ -40,17 +40,25 @@ pub fn cholesky_jittered(a: &DMatrix<f64>, jitter: f64, what: &str) -> Result<(C
     }
 }
 
-/// The eigenvalues and eigenvectors (as columns) of a symmetric `a`. Entries
-/// below the rounding of the largest are taken as zero, and rows with no
-/// other entry are eigenvectors already (`e_i`, eigenvalue `a_ii`) that stay
-/// out of nalgebra's solver, which returns NaN on some matrices with zero
-/// rows (nalgebra issue 379): site precisions over inducing inputs far from
-/// the data have them.
-pub fn symmetric_eigen(a: &DMatrix<f64>) -> (DVector<f64>, DMatrix<f64>) {
+/// A symmetric `a` made ready for nalgebra's eigensolver, which returns NaN
+/// on some matrices with zero rows (nalgebra issue 379) or entries of 1e−160
+/// beside 1 (site precisions over inducing inputs the data do not reach have
+/// both): entries below the rounding of the largest set to zero, and the
+/// rows still coupled to another. The other rows are eigenvectors already
+/// (`e_i`, eigenvalue `a_ii`) and stay out of the solver.
+pub fn coupled_rows(a: &DMatrix<f64>) -> (DMatrix<f64>, Vec<usize>) {
     let n = a.nrows();
     let negligible = f64::EPSILON * a.amax();
     let a = a.map(|v| if v.abs() < negligible { 0.0 } else { v });
-    let coupled: Vec<usize> = (0..n).filter(|&i| (0..n).any(|j| j != i && a[(i, j)] != 0.0)).collect();
+    let coupled = (0..n).filter(|&i| (0..n).any(|j| j != i && a[(i, j)] != 0.0)).collect();
+    (a, coupled)
+}
+
+/// The eigenvalues and eigenvectors (as columns) of a symmetric `a`, the
+/// solver run on its [`coupled_rows`] only.
+pub fn symmetric_eigen(a: &DMatrix<f64>) -> (DVector<f64>, DMatrix<f64>) {
+    let (a, coupled) = coupled_rows(a);
+    let n = a.nrows();
     let mut values = a.diagonal();
     let mut vectors = DMatrix::identity(n, n);
     if !coupled.is_empty() {
