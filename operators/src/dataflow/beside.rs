@@ -151,6 +151,11 @@ impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
         Beside { jobs, results }
     }
 
+    /// Another end to queue jobs from, on any thread.
+    pub fn sender(&self) -> Sender<J> {
+        self.jobs.clone()
+    }
+
     /// Queues `job`; `false` if the thread is gone.
     pub fn send(&self, job: J) -> bool {
         self.jobs.send(job).is_ok()

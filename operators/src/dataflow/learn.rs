@@ -92,7 +92,7 @@ impl<'scope> LearnGp<'scope> for StreamVec<'scope, u64, Record> {
             });
             let (queries, updates) =
                 reduce_stage(answers, learner, options).ok_err::<Vec<_>, _, Vec<_>, _, _>(|out| match out {
-                    ReduceOutput::Query(q, batch) => Ok((*q, batch)),
+                    ReduceOutput::Query(question) => Ok(*question),
                     ReduceOutput::Update(u) => Err(u),
                 });
             queries.connect_loop(next_round);

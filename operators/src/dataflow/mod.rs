@@ -32,6 +32,7 @@ mod beside;
 pub mod checkpoint;
 mod checkpoint_writer;
 mod delayed;
+mod direct;
 mod health;
 mod learn;
 mod options;

@@ -12,9 +12,11 @@ use timely::dataflow::StreamVec;
 use timely::scheduling::SyncActivator;
 
 use super::beside::{score_promptly, Beside, Polled};
+use super::direct::Line;
 use super::options::Round;
 use super::options::{GpOptions, Scoring};
 use super::record::{Prediction, Record, Rejected};
+use super::reduce_stage::Question;
 use super::repeats::{once_per_id, ArrivedIds};
 use super::sample::UpdateBatch;
 use super::shard_thread::{answer_jobs, ShardDone, ShardJob, ShardMaker};
@@ -22,7 +24,7 @@ use crate::model::data::span;
 use crate::model::dual::blocks::route;
 use crate::model::dual::point::PointId;
 use crate::model::scoring::{ScoringModel, ToScore};
-use crate::model::{Answer, Arrivals, Kernel, Likelihood, Partition, Query, Snapshot};
+use crate::model::{Answer, Arrivals, Kernel, Likelihood, Partition, Snapshot};
 
 /// What a worker sends on: its answer to the learner, a prediction, or a record it refused.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -118,7 +120,7 @@ pub(super) struct Start {
 
 pub(super) fn partition_stage<'scope>(
     records: StreamVec<'scope, Round, Arrival>,
-    queries: StreamVec<'scope, Round, (Query, UpdateBatch)>,
+    queries: StreamVec<'scope, Round, Question>,
     start: Start,
 ) -> StreamVec<'scope, Round, StageOutput> {
     let scope = records.scope();
@@ -167,13 +169,15 @@ struct PartitionWorker {
     pending: BTreeMap<u64, Pending>,
     /// The learner's questions not yet sent to the shard's thread, each
     /// with the records its update learns.
-    asked: Vec<(Capability<Round>, (Query, UpdateBatch))>,
+    asked: Vec<(Capability<Round>, Question)>,
     /// Labelled records handed to the learner and not yet learned, by epoch.
     ready: BTreeMap<u64, Vec<Record>>,
     /// The question the shard's thread is answering.
     answering: Option<Capability<Round>>,
     /// The epoch of the update whose shard that thread holds.
     shard_epoch: Option<u64>,
+    /// Whether the shard's thread has joined the learner's line (see [`Line`]).
+    joined: bool,
     shard_thread: Beside<ShardJob, ShardDone>,
 }
 
@@ -223,13 +227,20 @@ impl PartitionWorker {
             ready: BTreeMap::new(),
             answering: None,
             shard_epoch: None,
+            joined: false,
             shard_thread,
         }
     }
 
     /// Takes the learner's questions of one round.
-    fn asked(&mut self, cap: Capability<Round>, queries: impl Iterator<Item = (Query, UpdateBatch)>) {
-        self.asked.extend(queries.map(|q| (cap.clone(), q)));
+    fn asked(&mut self, cap: Capability<Round>, questions: impl Iterator<Item = Question>) {
+        for question in questions {
+            if !self.joined {
+                Line::join(question.line, self.worker, self.shard_thread.sender());
+                self.joined = true;
+            }
+            self.asked.push((cap.clone(), question));
+        }
         // The learner asks one question at a time, so answering in time order is answering in turn.
         self.asked.sort_by(|a, b| a.0.time().cmp(b.0.time()));
     }
@@ -263,13 +274,17 @@ impl PartitionWorker {
             if self.asked.is_empty() {
                 break;
             }
-            let (cap, (query, batch)) = self.asked.remove(0);
+            let (cap, Question { query, batch, .. }) = self.asked.remove(0);
             let epoch = cap.time().0;
             // An update runs at the time of the last epoch it learns.
             let records = (self.shard_epoch != Some(epoch)).then(|| self.take_ready(epoch, batch));
             self.shard_epoch = Some(epoch);
             // Refused only by a thread that is gone, which the next poll reports.
-            let _ = self.shard_thread.send(ShardJob { records, query });
+            let _ = self.shard_thread.send(ShardJob {
+                records,
+                query,
+                reply: None,
+            });
             self.answering = Some(cap);
         }
         out

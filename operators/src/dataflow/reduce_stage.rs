@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ use timely::dataflow::StreamVec;
 use timely::scheduling::SyncActivator;
 
 use super::beside::{Beside, Jobs, Polled, Results};
+use super::direct::{Line, LineId, OnLine};
 use super::health::{panic_message, unusable};
 use super::options::{GpOptions, Round, Scoring};
 use super::sample::{Pace, Sample, UpdateBatch};
@@ -53,9 +55,17 @@ pub struct ModelUpdate {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) enum ReduceOutput {
-    /// The learner's next question, and which records its update learns.
-    Query(Box<Query>, UpdateBatch),
+    Query(Box<Question>),
     Update(Box<ModelUpdate>),
+}
+
+/// The learner's next question to every worker, which records its update
+/// learns, and the line its thread may also ask this process's shards by.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Question {
+    pub query: Query,
+    pub batch: UpdateBatch,
+    pub line: LineId,
 }
 
 /// What the operator hands the learner's thread: an update to begin, with
@@ -93,17 +103,25 @@ enum Stop {
     Abandoned,
 }
 
-/// The workers, as the learner sees them from its thread: each question goes
+/// The workers, as the learner sees them from its thread: a question goes
 /// to the operator, which sends it to every worker and hands back the
-/// merged answer.
+/// merged answer, or once the update's records are with every shard, by
+/// the line straight to the shards' threads when they are all in this process.
 struct Workers<'a> {
     arrivals: Option<Answer>,
     jobs: &'a Jobs<Job>,
     steps: &'a Results<Step>,
-    /// Questions the workers answered, and how long the learner waited for
-    /// them: beside the shards' own time (their debug line) this tells the
-    /// trips through the dataflow from the work.
+    line: &'a Line,
+    /// Whether a question of this update went through the dataflow: its
+    /// first hands every shard the records the update learns.
+    shards_hold_update: bool,
+    /// The question on the line, its answers not yet in.
+    on_line: Option<OnLine>,
+    /// Questions the workers answered, how many of them on the line, and
+    /// how long the learner waited for them: beside the shards' own time
+    /// (their debug line) this tells the trips from the work.
     questions: usize,
+    on_the_line: usize,
     waited: Duration,
     asked_at: Option<Instant>,
 }
@@ -127,28 +145,41 @@ impl Workers<'_> {
                 resume_unwind(Box::new(Stop::Fails(format!("the new model cannot be used: {why}"))));
             }
         }
+        self.asked_at = Some(Instant::now());
+        if self.shards_hold_update && Line::carries(&query) {
+            self.on_line = self.line.ask(&query);
+            if self.on_line.is_some() {
+                return None;
+            }
+        }
         if !self.steps.send(Step::Asks(Box::new(query))) {
             resume_unwind(Box::new(Stop::Abandoned));
         }
-        self.asked_at = Some(Instant::now());
         None
     }
 
     /// The merged answer to the question sent last.
     fn receive(&mut self) -> Answer {
-        let job = self.jobs.next();
+        let answer = match self.on_line.take() {
+            Some(on_line) => {
+                self.on_the_line += 1;
+                on_line.answer()
+            }
+            None => {
+                self.shards_hold_update = true;
+                match self.jobs.next() {
+                    Some(Job::Answer(answer)) => Ok(answer),
+                    Some(Job::Abort(why)) => Err(why),
+                    Some(Job::Begin { .. } | Job::Refuse(_)) => Err("a new update began before this one ended".into()),
+                    None => resume_unwind(Box::new(Stop::Abandoned)),
+                }
+            }
+        };
         if let Some(asked_at) = self.asked_at.take() {
             self.waited += asked_at.elapsed();
             self.questions += 1;
         }
-        match job {
-            Some(Job::Answer(answer)) => answer,
-            Some(Job::Abort(why)) => resume_unwind(Box::new(Stop::Fails(why))),
-            Some(Job::Begin { .. } | Job::Refuse(_)) => {
-                resume_unwind(Box::new(Stop::Fails("a new update began before this one ended".into())))
-            }
-            None => resume_unwind(Box::new(Stop::Abandoned)),
-        }
+        answer.unwrap_or_else(|why| resume_unwind(Box::new(Stop::Fails(why))))
     }
 }
 
@@ -167,7 +198,7 @@ impl Shards for Workers<'_> {
 /// The learner's thread: holds the learner and runs each update to its
 /// end, one question at a time. A panic inside an update is a failure of
 /// that update, not of the worker.
-fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<Step>) {
+fn run_updates(mut learner: SequentialLearner, line: Arc<Line>, jobs: Jobs<Job>, steps: Results<Step>) {
     while let Some(job) = jobs.next() {
         let arrivals = match job {
             Job::Begin { arrivals } => arrivals,
@@ -188,7 +219,11 @@ fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<S
             arrivals: Some(arrivals),
             jobs: &jobs,
             steps: &steps,
+            line: &line,
+            shards_hold_update: false,
+            on_line: None,
             questions: 0,
+            on_the_line: 0,
             waited: Duration::ZERO,
             asked_at: None,
         };
@@ -212,6 +247,7 @@ fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<S
         };
         tracing::debug!(
             questions = workers.questions,
+            on_the_line = workers.on_the_line,
             waiting = workers.waited.as_secs_f64(),
             "the update's questions to the workers"
         );
@@ -230,6 +266,15 @@ fn run_updates(mut learner: SequentialLearner, jobs: Jobs<Job>, steps: Results<S
 
 /// A worker's answer to the learner, or why it could not answer.
 pub(super) type WorkerAnswer = Result<Answer, String>;
+
+/// The workers' answers to one question as one: merged in worker order, so
+/// that the sums do not depend on which worker answered first.
+pub(super) fn merged_in_worker_order(mut answers: Vec<(usize, WorkerAnswer)>) -> WorkerAnswer {
+    answers.sort_by_key(|a| a.0);
+    answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
+        a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
+    })
+}
 
 /// The answers of one round, under the capability to reply.
 type Answers = (Capability<Round>, Vec<(usize, WorkerAnswer)>);
@@ -281,6 +326,7 @@ pub(super) fn reduce_stage<'scope>(
 /// and the workers' answers not yet handed to it, by round.
 struct Reducer {
     thread: Beside<Job, Step>,
+    line: Arc<Line>,
     running: Option<Running>,
     stash: BTreeMap<Round, Answers>,
     max_epochs: usize,
@@ -293,14 +339,17 @@ struct Reducer {
 
 impl Reducer {
     fn new(learner: SequentialLearner, options: &GpOptions, peers: usize, wake: SyncActivator) -> Self {
+        let line = Line::open(peers);
+        let on_thread = Arc::clone(&line);
         let thread = Beside::spawn(
             "dualgp-learner".into(),
             options.learn_in_background,
             wake,
-            move |jobs, steps| run_updates(learner, jobs, steps),
+            move |jobs, steps| run_updates(learner, on_thread, jobs, steps),
         );
         Reducer {
             thread,
+            line,
             running: None,
             stash: BTreeMap::new(),
             max_epochs: options.max_epochs_per_update,
@@ -361,7 +410,14 @@ impl Reducer {
             Polled::Gone => panic!("the learner's thread stopped outside an update"),
         };
         match step {
-            Step::Asks(query) => Moved::Sent(cap, ReduceOutput::Query(query, run.batch)),
+            Step::Asks(query) => {
+                let question = Question {
+                    query: *query,
+                    batch: run.batch,
+                    line: self.line.id(),
+                };
+                Moved::Sent(cap, ReduceOutput::Query(Box::new(question)))
+            }
             Step::Ended { learner, outcome } => {
                 let (batch, shed) = (run.batch, run.shed);
                 self.running = None;
@@ -397,11 +453,8 @@ impl Reducer {
                 cap = next_cap;
             }
         }
-        // Worker order (then epoch order): the sums do not depend on which worker answered first.
-        answers.sort_by_key(|a| a.0);
-        let mut merged = answers.into_iter().try_fold(Answer::Nothing, |all, (worker, a)| {
-            a.map(|a| all.merge(a)).map_err(|why| format!("worker {worker}: {why}"))
-        });
+        // Worker order, then epoch order (the sort is stable).
+        let mut merged = merged_in_worker_order(answers);
         let begun = begins.then(|| self.sample(&mut merged, from_epoch, cap.time().0));
         if begins && matches!(merged, Ok(Answer::Nothing)) {
             return; // no worker had a labelled record, or the sample kept none

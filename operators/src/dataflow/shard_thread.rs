@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use nalgebra::{DMatrix, DVector};
@@ -11,6 +12,7 @@ use nalgebra::{DMatrix, DVector};
 use super::beside::{Jobs, Results};
 use super::health::panic_message;
 use super::record::Record;
+use super::reduce_stage::WorkerAnswer;
 use crate::model::dual::point::PointId;
 use crate::model::{Answer, Data, Likelihood, Partition, Query, Shard, Snapshot};
 
@@ -20,6 +22,9 @@ use crate::model::{Answer, Data, Likelihood, Partition, Query, Shard, Snapshot};
 pub(super) struct ShardJob {
     pub records: Option<BTreeMap<u64, Vec<Record>>>,
     pub query: Query,
+    /// Where a question that came by the learner's [`Line`](super::direct::Line)
+    /// is answered, and as which worker; others go back to the worker.
+    pub reply: Option<(usize, Sender<(usize, WorkerAnswer)>)>,
 }
 
 /// What the shard's thread needs to build a shard of records.
@@ -71,7 +76,7 @@ impl ShardDone {
 pub(super) fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results<ShardDone>) {
     let mut shard: Option<Shard> = None;
     let (mut answers, mut busy) = (0, Duration::ZERO);
-    while let Some(ShardJob { records, query }) = jobs.next() {
+    while let Some(ShardJob { records, query, reply }) = jobs.next() {
         let started = Instant::now();
         if let Some(records) = records {
             (answers, busy) = (0, Duration::ZERO);
@@ -92,6 +97,11 @@ pub(super) fn answer_jobs(maker: ShardMaker, jobs: Jobs<ShardJob>, done: Results
             _ => None,
         };
         (answers, busy) = (answers + 1, busy + started.elapsed());
+        if let Some((worker, to)) = reply {
+            // The learner may have given up on the update: nobody to tell then.
+            let _ = to.send((worker, answer));
+            continue;
+        }
         if finished.is_some() {
             shard = None;
             tracing::debug!(
