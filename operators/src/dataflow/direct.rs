@@ -158,8 +158,8 @@ mod tests {
         assert!(line.ask(&Query::Arrivals).is_none(), "nobody joined");
         Line::join(line.id(), 0, shard(true));
         assert!(line.ask(&Query::Arrivals).is_none(), "worker 1 has not joined");
-        // A worker of another line, or one beyond the peers, changes nothing.
-        Line::join(line.id() + 1, 1, shard(true));
+        // A line not open here (no process has this id), or a worker beyond the peers, changes nothing.
+        Line::join(u64::MAX, 1, shard(true));
         Line::join(line.id(), 2, shard(true));
         assert!(line.ask(&Query::Arrivals).is_none());
         Line::join(line.id(), 1, shard(true));
