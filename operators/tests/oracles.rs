@@ -129,6 +129,44 @@ fn m_step_objective_at_the_optimal_sites_is_the_collapsed_titsias_bound() {
     );
 }
 
+/// The long-lengthscale regime of the two tests below: `K(Z, Z)` nearly
+/// singular (variance 10³, lengthscale 40, jitter 10⁻⁶), the posterior after
+/// an exact Gaussian E-step, and the oracle's own whitening by nalgebra's
+/// Cholesky factor of the same `K`.
+struct LongLengthscales {
+    data: Data,
+    z: DMatrix<f64>,
+    post: DualPosterior,
+    l: DMatrix<f64>,
+}
+
+/// The regime's SE kernel: its variance and lengthscale.
+const LONG: (f64, f64) = (1.0e3, 40.0);
+
+impl LongLengthscales {
+    fn fit(rng: &mut ChaCha8Rng) -> Self {
+        let (variance, lengthscale) = LONG;
+        let data = regression_data(rng, 300);
+        let z = uniform(rng, 30, 2, 3.0);
+        let kernel = Kernel::stationary(Family::SquaredExponential, variance, vec![lengthscale]);
+        let mut post = DualPosterior::new(kernel, z.clone(), 1).unwrap();
+        post.jitter = 1e-6;
+        post.refresh().unwrap();
+        gaussian_e_step(&mut post, &data, &mut PointSites::zeros(data.n(), 1));
+        let k = se_with(&z, &z, variance, lengthscale) + DMatrix::identity(30, 30) * post.jitter;
+        let l = k.cholesky().unwrap().l();
+        LongLengthscales { data, z, post, l }
+    }
+
+    /// `L⁻¹K(Z, X)` as the oracle makes it.
+    fn whitened(&self, x: &DMatrix<f64>) -> DMatrix<f64> {
+        let (variance, lengthscale) = LONG;
+        self.l
+            .solve_lower_triangular(&se_with(&self.z, x, variance, lengthscale))
+            .unwrap()
+    }
+}
+
 /// Long lengthscales make `K(Z, Z)` nearly singular (condition number ~10¹¹
 /// here; ARD lengthscales of e⁶–e⁹ do it on elevators). `F` must still be the
 /// collapsed bound to rounding (site totals summed in `K`'s coordinates and
@@ -136,24 +174,14 @@ fn m_step_objective_at_the_optimal_sites_is_the_collapsed_titsias_bound() {
 /// `Q = AᵀA`, `A = L⁻¹K_zx`, so that its own rounding stays small.
 #[test]
 fn under_long_lengthscales_f_is_still_the_collapsed_bound() {
-    let (variance, lengthscale) = (1.0e3, 40.0);
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let data = regression_data(&mut rng, 300);
-    let z = uniform(&mut rng, 30, 2, 3.0);
+    let variance = LONG.0;
+    let fit = LongLengthscales::fit(&mut ChaCha8Rng::seed_from_u64(4));
+    let (data, post) = (&fit.data, &fit.post);
     let lik = Likelihood::Gaussian { variance: NOISE };
-    let kernel = Kernel::stationary(Family::SquaredExponential, variance, vec![lengthscale]);
-    let mut post = DualPosterior::new(kernel, z.clone(), 1).unwrap();
-    post.jitter = 1e-6;
-    post.refresh().unwrap();
-    gaussian_e_step(&mut post, &data, &mut PointSites::zeros(data.n(), 1));
-    let value = m_step_objective(&post, &lik, &data, None).unwrap().value;
+    let value = m_step_objective(post, &lik, data, None).unwrap().value;
 
     let n = data.n();
-    let k = se_with(&z, &z, variance, lengthscale) + DMatrix::identity(30, 30) * post.jitter;
-    let l = k.clone().cholesky().unwrap().l();
-    let a = l
-        .solve_lower_triangular(&se_with(&z, data.x(), variance, lengthscale))
-        .unwrap();
+    let a = fit.whitened(data.x());
     let q = a.transpose() * &a;
     let cov = (&q + DMatrix::identity(n, n) * NOISE).cholesky().unwrap();
     let log_det: f64 = 2.0 * cov.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
@@ -171,23 +199,15 @@ fn under_long_lengthscales_f_is_still_the_collapsed_bound() {
 /// variance's digits here (JOURNAL.md, 2026-11-29).
 #[test]
 fn under_long_lengthscales_predictions_are_titsias_optimal_svgp() {
-    let (variance, lengthscale) = (1.0e3, 40.0);
+    let variance = LONG.0;
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let data = regression_data(&mut rng, 300);
-    let z = uniform(&mut rng, 30, 2, 3.0);
+    let fit = LongLengthscales::fit(&mut rng);
+    let data = &fit.data;
     let x_star = uniform(&mut rng, 50, 2, 4.0);
-    let kernel = Kernel::stationary(Family::SquaredExponential, variance, vec![lengthscale]);
-    let mut post = DualPosterior::new(kernel, z.clone(), 1).unwrap();
-    post.jitter = 1e-6;
-    post.refresh().unwrap();
-    gaussian_e_step(&mut post, &data, &mut PointSites::zeros(data.n(), 1));
-    let got = post.predict_f(&x_star);
+    let got = fit.post.predict_f(&x_star);
 
-    let k = se_with(&z, &z, variance, lengthscale) + DMatrix::identity(30, 30) * post.jitter;
-    let l = k.cholesky().unwrap().l();
-    let whiten = |b: DMatrix<f64>| l.solve_lower_triangular(&b).unwrap();
-    let a = whiten(se_with(&z, data.x(), variance, lengthscale));
-    let a_star = whiten(se_with(&z, &x_star, variance, lengthscale));
+    let a = fit.whitened(data.x());
+    let a_star = fit.whitened(&x_star);
     let b = (DMatrix::identity(30, 30) + &a * a.transpose() / NOISE)
         .cholesky()
         .unwrap();
