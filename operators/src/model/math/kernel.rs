@@ -560,18 +560,18 @@ const SQRT_3: f64 = 1.732_050_807_568_877_2;
 const SQRT_5: f64 = 2.236_067_977_499_79;
 
 impl Family {
-    /// Overwrites each r² in `values` with `f(r²)` and, given `slopes`, sets
-    /// those to `df/d(r²)`. Each family is `poly(s)·e^{−s}` for some `s(r²)`;
+    /// Overwrites each r² in `values` with `scale · f(r²)` and, given `slopes`,
+    /// sets those to `df/d(r²)`. Each family is `poly(s)·e^{−s}` for some `s(r²)`;
     /// the exponentials go four at a time ([`exp_nonpositive`]),
     /// where libm's one-at-a-time `exp` was a tenth of an update's time.
-    fn profiles(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+    fn profiles(self, values: &mut [f64], scale: f64, slopes: Option<&mut [f64]>) {
         match self {
             Family::SquaredExponential => Form {
                 exponent: |r2| 0.5 * r2,
                 value: |_, e| e,
                 slope: |_, e| -0.5 * e,
             }
-            .apply(values, slopes),
+            .apply(values, scale, slopes),
             // The slope `−e^{−r}/(2r)` diverges at r = 0, but it is only ever
             // multiplied by some `Δ_k²/ℓ_k² ≤ r²`, which is 0 there, so r = 0 contributes 0.
             Family::Matern12 => Form {
@@ -579,19 +579,19 @@ impl Family {
                 value: |_, e| e,
                 slope: |r, e| if r > 0.0 { -0.5 * e / r } else { 0.0 },
             }
-            .apply(values, slopes),
+            .apply(values, scale, slopes),
             Family::Matern32 => Form {
                 exponent: |r2: f64| SQRT_3 * r2.sqrt(),
                 value: |s, e| (1.0 + s) * e,
                 slope: |_, e| -1.5 * e,
             }
-            .apply(values, slopes),
+            .apply(values, scale, slopes),
             Family::Matern52 => Form {
                 exponent: |r2: f64| SQRT_5 * r2.sqrt(),
-                value: |s, e| (1.0 + s + s * s / 3.0) * e,
+                value: |s, e| (1.0 + s + s * s * (1.0 / 3.0)) * e,
                 slope: |s, e| -(5.0 / 6.0) * (1.0 + s) * e,
             }
-            .apply(values, slopes),
+            .apply(values, scale, slopes),
         }
     }
 }
@@ -606,29 +606,30 @@ struct Form<E, V, S> {
 }
 
 impl<E: Fn(f64) -> f64, V: Fn(f64, f64) -> f64, S: Fn(f64, f64) -> f64> Form<E, V, S> {
-    /// Overwrites each r² in `values` with the profile and, given `slopes`,
-    /// sets those to its slope, in one pass. Compiled for AVX2 where the CPU
-    /// has it (four values a lane, the square roots and the exponential
-    /// included); the operations are the same plain IEEE ones on every
+    /// Overwrites each r² in `values` with `scale` times the profile and,
+    /// given `slopes`, sets those to its slope, in one pass. Compiled for
+    /// AVX2 and FMA where the CPU has them (four values a lane, the square
+    /// roots and the exponential included); the operations are the same
+    /// correctly rounded IEEE ones (a fused multiply–add included) on every
     /// path, so are the bits.
-    fn apply(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+    fn apply(self, values: &mut [f64], scale: f64, slopes: Option<&mut [f64]>) {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            unsafe { self.apply_avx2(values, slopes) };
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA, checked just above.
+            unsafe { self.apply_avx2(values, scale, slopes) };
             return;
         }
-        self.fused(values, slopes);
+        self.fused(values, scale, slopes);
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn apply_avx2(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
-        self.fused(values, slopes);
+    #[target_feature(enable = "avx2,fma")]
+    fn apply_avx2(self, values: &mut [f64], scale: f64, slopes: Option<&mut [f64]>) {
+        self.fused(values, scale, slopes);
     }
 
     #[inline(always)]
-    fn fused(self, values: &mut [f64], slopes: Option<&mut [f64]>) {
+    fn fused(self, values: &mut [f64], scale: f64, slopes: Option<&mut [f64]>) {
         let Form { exponent, value, slope } = self;
         match slopes {
             Some(slopes) => {
@@ -636,13 +637,13 @@ impl<E: Fn(f64) -> f64, V: Fn(f64, f64) -> f64, S: Fn(f64, f64) -> f64> Form<E, 
                     let s = exponent(*v);
                     let e = exp_nonpositive(-s);
                     *out = slope(s, e);
-                    *v = value(s, e);
+                    *v = value(s, e) * scale;
                 }
             }
             None => {
                 for v in values {
                     let s = exponent(*v);
-                    *v = value(s, exp_nonpositive(-s));
+                    *v = value(s, exp_nonpositive(-s)) * scale;
                 }
             }
         }
@@ -704,12 +705,8 @@ impl Prepared<'_> {
         match self {
             Prepared::Stationary { kernel, inputs, norms } => {
                 let row = inputs.rows(p, 1).into_owned();
-                let mut k = sq_dist_with_norms(inputs, norms, &row);
-                if let [l] = kernel.lengthscales[..] {
-                    k /= l * l;
-                }
-                kernel.family.profiles(k.as_mut_slice(), None);
-                k *= kernel.variance;
+                let mut k = sq_dist_with_norms(inputs, norms, &row, kernel.distance_scale());
+                kernel.family.profiles(k.as_mut_slice(), kernel.variance, None);
                 k
             }
             Prepared::Sum(rows, parts) => {
@@ -734,12 +731,20 @@ impl Prepared<'_> {
 impl Stationary {
     fn matrix(&self, a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
         let mut k = self.scaled_sq_dist(a, b, None);
-        self.family.profiles(k.as_mut_slice(), None);
-        k *= self.variance;
+        self.family.profiles(k.as_mut_slice(), self.variance, None);
         k
     }
 
-    /// `r²_ij = Σ_k (a_ik − b_jk)²/ℓ_k²`. One lengthscale divides the plain
+    /// What multiplies plain squared distances into `r²`: `1/ℓ²` for one
+    /// lengthscale; 1 for ARD, whose distances come from scaled inputs.
+    fn distance_scale(&self) -> f64 {
+        match self.lengthscales[..] {
+            [l] => 1.0 / (l * l),
+            _ => 1.0,
+        }
+    }
+
+    /// `r²_ij = Σ_k (a_ik − b_jk)²/ℓ_k²`. One lengthscale scales the plain
     /// squared distances, without scaled copies of the inputs (at 784 pixels
     /// those copies, made at every call, were most of the kernel's time); ARD
     /// takes `scaled` copies if the caller has them.
@@ -750,11 +755,11 @@ impl Stationary {
         scaled: Option<&(DMatrix<f64>, DMatrix<f64>)>,
     ) -> DMatrix<f64> {
         match (&self.lengthscales[..], scaled) {
-            ([l], _) => sq_dist_matrix(a, b) / (l * l),
-            (_, Some((a_s, b_s))) => sq_dist_matrix(a_s, b_s),
+            ([_], _) => sq_dist_matrix(a, b, self.distance_scale()),
+            (_, Some((a_s, b_s))) => sq_dist_matrix(a_s, b_s, 1.0),
             (_, None) => {
                 let (a_s, b_s) = self.scaled(a, b);
-                sq_dist_matrix(&a_s, &b_s)
+                sq_dist_matrix(&a_s, &b_s, 1.0)
             }
         }
     }
@@ -763,7 +768,8 @@ impl Stationary {
     fn profile(&self, a: &DMatrix<f64>, b: &DMatrix<f64>, scaled: Option<&(DMatrix<f64>, DMatrix<f64>)>) -> Radial {
         let r2 = self.scaled_sq_dist(a, b, scaled);
         let (mut values, mut slopes) = (r2.clone(), DMatrix::zeros(a.nrows(), b.nrows()));
-        self.family.profiles(values.as_mut_slice(), Some(slopes.as_mut_slice()));
+        self.family
+            .profiles(values.as_mut_slice(), 1.0, Some(slopes.as_mut_slice()));
         Radial { r2, values, slopes }
     }
 
@@ -783,7 +789,7 @@ impl Stationary {
         if a.nrows() == 0 || b.nrows() == 0 {
             return (grad, rows.zeros(a, b));
         }
-        // One lengthscale divides the plain distances; ARD scales the inputs
+        // One lengthscale scales the plain distances; ARD scales the inputs
         // (`Δ` in scaled units is `Δ_k/ℓ_k`).
         let scaled = match self.lengthscales[..] {
             [_] => None,
@@ -874,54 +880,56 @@ fn scale_columns(x: &DMatrix<f64>, factors: &[f64]) -> DMatrix<f64> {
 /// mostly rounding (about `d·ε` of them) and is recomputed directly.
 const NEAR: f64 = 1e-6;
 
-/// `R²_ij = ‖a_i − b_j‖²` as `‖a_i‖² + ‖b_j‖² − 2 a_i·b_j`: one matrix product
-/// instead of `|A|·|B|·d` differences. Near-coincident pairs, where that
-/// cancels, are recomputed by direct differences, so coincident points are at
-/// exactly 0.
-fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-    sq_dist_with_norms(a, &row_sq_norms(a), b)
+/// `R²_ij = scale · ‖a_i − b_j‖²` as `scale (‖a_i‖² + ‖b_j‖² − 2 a_i·b_j)`:
+/// one matrix product instead of `|A|·|B|·d` differences. Near-coincident
+/// pairs, where that cancels, are recomputed by direct differences, so
+/// coincident points are at exactly 0.
+fn sq_dist_matrix(a: &DMatrix<f64>, b: &DMatrix<f64>, scale: f64) -> DMatrix<f64> {
+    sq_dist_with_norms(a, &row_sq_norms(a), b, scale)
 }
 
 /// [`sq_dist_matrix`] with `a`'s row norms made already.
-fn sq_dist_with_norms(a: &DMatrix<f64>, a_norms: &DVector<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+fn sq_dist_with_norms(a: &DMatrix<f64>, a_norms: &DVector<f64>, b: &DMatrix<f64>, scale: f64) -> DMatrix<f64> {
     let b_norms = row_sq_norms(b);
     let mut r2 = DMatrix::zeros(a.nrows(), b.nrows());
     r2.gemm(-2.0, a, &transposed(b), 0.0);
     // A branch-free pass (at d = 8 this loop, not the GEMM, was the
     // distances' time), then the rare near pairs again, directly.
-    let near = add_norms(r2.as_mut_slice(), a_norms.as_slice(), b_norms.as_slice());
+    let near = add_norms(r2.as_mut_slice(), a_norms.as_slice(), b_norms.as_slice(), scale);
     let rows = a.nrows();
     for j in near {
         for i in 0..rows {
             let norms = a_norms[i] + b_norms[j];
-            if r2[(i, j)] <= NEAR * norms {
-                r2[(i, j)] = (a.row(i) - b.row(j)).norm_squared();
+            if r2[(i, j)] <= NEAR * norms * scale {
+                r2[(i, j)] = (a.row(i) - b.row(j)).norm_squared() * scale;
             }
         }
     }
     r2
 }
 
-/// Adds `‖a_i‖² + ‖b_j‖²` to every `−2a_iᵀb_j` of the column-major `r2`;
-/// returns the columns with a pair near enough to lose digits. Compiled
-/// for AVX2 where the CPU has it (the same additions on every path).
-fn add_norms(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<usize> {
+/// Adds `‖a_i‖² + ‖b_j‖²` to every `−2a_iᵀb_j` of the column-major `r2` and
+/// multiplies by `scale` (a multiply here is free where a pass of its own
+/// cost a tenth of the kernel); returns the columns with a pair near enough
+/// to lose digits. Compiled for AVX2 where the CPU has it (the same
+/// operations on every path).
+fn add_norms(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64], scale: f64) -> Vec<usize> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { add_norms_avx2(r2, a_norms, b_norms) };
+        return unsafe { add_norms_avx2(r2, a_norms, b_norms, scale) };
     }
-    add_norms_portable(r2, a_norms, b_norms)
+    add_norms_portable(r2, a_norms, b_norms, scale)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn add_norms_avx2(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<usize> {
-    add_norms_portable(r2, a_norms, b_norms)
+fn add_norms_avx2(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64], scale: f64) -> Vec<usize> {
+    add_norms_portable(r2, a_norms, b_norms, scale)
 }
 
 #[inline(always)]
-fn add_norms_portable(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<usize> {
+fn add_norms_portable(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64], scale: f64) -> Vec<usize> {
     let rows = a_norms.len();
     let mut near = Vec::new();
     if rows == 0 {
@@ -932,8 +940,9 @@ fn add_norms_portable(r2: &mut [f64], a_norms: &[f64], b_norms: &[f64]) -> Vec<u
         let mut near_pairs = 0usize;
         for (r, &a_norm) in col.iter_mut().zip(a_norms) {
             let norms = a_norm + b_norm;
-            *r += norms;
-            near_pairs += usize::from(*r <= NEAR * norms);
+            let sum = *r + norms;
+            near_pairs += usize::from(sum <= NEAR * norms);
+            *r = sum * scale;
         }
         if near_pairs > 0 {
             near.push(j);
@@ -1423,8 +1432,8 @@ pub(super) mod tests {
         };
         let (mut dispatched, mut portable) = (r2.clone(), r2.clone());
         let (mut dispatched_slopes, mut portable_slopes) = (vec![0.0; r2.len()], vec![0.0; r2.len()]);
-        form.apply(&mut dispatched, Some(&mut dispatched_slopes));
-        form.fused(&mut portable, Some(&mut portable_slopes));
+        form.apply(&mut dispatched, 1.7, Some(&mut dispatched_slopes));
+        form.fused(&mut portable, 1.7, Some(&mut portable_slopes));
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&dispatched), bits(&portable));
         assert_eq!(bits(&dispatched_slopes), bits(&portable_slopes));
@@ -1436,8 +1445,8 @@ pub(super) mod tests {
         let mut cross: Vec<f64> = (0..37 * 11).map(|_| rng.random_range(-9.0..0.0)).collect();
         cross[5 * 37 + 3] = -(a_norms[3] + b_norms[5]); // a pair at distance 0
         let (mut dispatched, mut portable) = (cross.clone(), cross);
-        let near = add_norms(&mut dispatched, &a_norms, &b_norms);
-        assert_eq!(near, add_norms_portable(&mut portable, &a_norms, &b_norms));
+        let near = add_norms(&mut dispatched, &a_norms, &b_norms, 0.3);
+        assert_eq!(near, add_norms_portable(&mut portable, &a_norms, &b_norms, 0.3));
         assert!(near.contains(&5), "the pair at distance 0 is near: {near:?}");
         assert_eq!(bits(&dispatched), bits(&portable));
     }
