@@ -31,9 +31,9 @@ pub fn exp_nonpositive(x: f64) -> f64 {
     let n = shifted - ROUNDER;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     // 1 + r + r²·t(r) with t = Σ r^(k−2)/k! for k = 2 … 13, t by Estrin's
-    // scheme: its terms in pairs, then pairs of pairs. Horner's 13 dependent
-    // multiply–adds made the kernel's profile wait on latency (4 of its 5
-    // cycles an entry); this tree is 4 deep, and the last two additions are
+    // scheme: its terms in pairs, then pairs of pairs, four deep. Horner's
+    // 13 dependent steps kept the kernel's profile waiting on latency (this
+    // tree took `K(Z, X)` to two thirds of its time); the last steps stay
     // Horner's, which keeps the rounding near half an ulp.
     const C: [f64; 12] = [
         1.0 / 2.0,
