@@ -35,7 +35,7 @@ use crate::likelihood_args::LikelihoodArgs;
 use crate::model_args::ModelArgs;
 use crate::protocol::Standardizer;
 use crate::saved_model::SavedModel;
-use crate::wiring::{self, fresh_learner, Ends, Start};
+use crate::wiring::{self, fresh_learner, shards_on_own_cores, Ends, Start};
 
 /// `--epochs-in-flight`'s default: a backtest's records wait in the file,
 /// so few epochs need to be held read ahead.
@@ -363,6 +363,7 @@ pub fn run(args: &ReplayArgs, progress: impl FnMut(u64, u64) + Send + 'static) -
                 scoring: args.scoring,
                 predict_all_outputs: args.predict_all_outputs,
                 learned_through,
+                shards_on_own_cores: shards_on_own_cores(args.workers),
                 ..GpOptions::new(d)
             },
             epochs_in_flight: args.epochs_in_flight,

@@ -58,7 +58,7 @@ use crate::metrics::{serve_http, Metrics};
 use crate::model_args::{ModelArgs, Settings};
 use crate::protocol::Standardizer;
 use crate::saved_model::{read_scaling, write_scaling, SavedModel};
-use crate::wiring::{self, fresh_learner, Start};
+use crate::wiring::{self, fresh_learner, shards_on_own_cores, Start};
 use crate::wording::counted;
 use kafka_ends::{Equipment, KafkaEnds, Serving, WorkerOutcome};
 use opening::{share_opening, Opening, Word};
@@ -541,6 +541,7 @@ fn serve_worker(worker: &mut Worker, plan: &Plan) -> WorkerOutcome {
             // serve's workers park when idle, as a background learner needs.
             learn_in_background: plan.learn_in_background,
             max_staleness: plan.max_staleness,
+            shards_on_own_cores: shards_on_own_cores(plan.workers),
             ..GpOptions::new(d)
         },
         learner: opening.learner,

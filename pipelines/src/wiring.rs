@@ -39,6 +39,13 @@ impl Start {
     }
 }
 
+/// Whether a process of `workers` workers keeps each worker's shard thread
+/// to a core of its own ([`GpOptions::shards_on_own_cores`]): two or more
+/// workers, no more than the cores it may use.
+pub(crate) fn shards_on_own_cores(workers: usize) -> bool {
+    workers >= 2 && std::thread::available_parallelism().is_ok_and(|cores| workers <= cores.get())
+}
+
 /// A command's own ends of the pipeline on one worker: where its records
 /// come from and where the learner's streams go.
 pub(crate) trait Ends {

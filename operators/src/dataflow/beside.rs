@@ -84,6 +84,45 @@ fn set_time_slice(nanoseconds: u64) {
     let _ = nanoseconds;
 }
 
+/// Keeps the calling thread to one of the cores this process may use: the
+/// `slot`-th of them, modulo their number. Two shards' threads on a 2-core
+/// machine otherwise queued on one core for milliseconds at a time while
+/// the other idled (the kernel's balancer does not move a task that has just
+/// run); kept apart, a kin40k replay on 2 workers took 0.93× the time.
+/// Elsewhere than Linux, or if the kernel refuses, the thread stays free.
+fn keep_to_core(slot: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: both sets live on this stack and their size is given; 0 names
+    // the calling thread, and a refusal leaves its affinity as it was.
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
+            return;
+        }
+        let cores: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &allowed))
+            .collect();
+        if cores.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cores[slot % cores.len()], &mut one);
+        libc::sched_setaffinity(0, size, &one);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = slot;
+}
+
+/// Where a learning thread runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Placement {
+    /// Only on a core nothing else wants (see [`yield_to_scoring`]).
+    pub background: bool,
+    /// On one core, the `slot`-th the process may use (see [`keep_to_core`]).
+    pub core: Option<usize>,
+}
+
 /// The operator's end: jobs out, results back.
 pub(super) struct Beside<J, R> {
     jobs: Sender<J>,
@@ -123,11 +162,11 @@ pub(super) enum Polled<R> {
 }
 
 impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
-    /// Starts a thread named `name` (in the `background` if asked) that runs
-    /// `body` until the operator drops this end; results wake `wake`'s operator.
+    /// Starts a thread named `name`, placed as asked, that runs `body` until
+    /// the operator drops this end; results wake `wake`'s operator.
     pub fn spawn(
         name: String,
-        background: bool,
+        placement: Placement,
         wake: SyncActivator,
         body: impl FnOnce(Jobs<J>, Results<R>) + Send + 'static,
     ) -> Self {
@@ -140,10 +179,13 @@ impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
         thread::Builder::new()
             .name(name)
             .spawn(move || {
-                if background {
+                if placement.background {
                     yield_to_scoring();
                 } else {
                     learn_in_default_slices();
+                }
+                if let Some(slot) = placement.core {
+                    keep_to_core(slot);
                 }
                 body(Jobs(job_end), results_end)
             })
@@ -167,5 +209,38 @@ impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
             Err(TryRecvError::Empty) => Polled::Pending,
             Err(TryRecvError::Disconnected) => Polled::Gone,
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The cores the calling thread may run on.
+    fn allowed_cores() -> Vec<usize> {
+        // SAFETY: the set lives on this stack and its size is given; 0 names the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_thread_kept_to_a_core_runs_on_that_core_alone() {
+        let cores = allowed_cores();
+        // Past the last core the slots wrap around.
+        for slot in [0, 1, cores.len()] {
+            let kept = thread::spawn(move || {
+                keep_to_core(slot);
+                allowed_cores()
+            })
+            .join()
+            .unwrap();
+            assert_eq!(kept, vec![cores[slot % cores.len()]], "slot {slot}");
+        }
+        assert_eq!(allowed_cores(), cores, "the calling thread keeps its cores");
     }
 }

@@ -68,6 +68,11 @@ pub struct GpOptions {
     /// then park when idle (`step_or_park`): a worker that spins on `step`
     /// keeps its core busy and leaves a background learner almost nothing.
     pub learn_in_background: bool,
+    /// Each worker's shard thread keeps to one core: worker `i` to the
+    /// `i`-th of the cores the process may use (modulo their number). For a
+    /// process with one worker per core: two shards then never share a core
+    /// while another idles. Off by default: an embedder places its threads.
+    pub shards_on_own_cores: bool,
 }
 
 impl GpOptions {
@@ -81,6 +86,7 @@ impl GpOptions {
             max_staleness: None,
             predict_all_outputs: false,
             learn_in_background: false,
+            shards_on_own_cores: false,
         }
     }
 }

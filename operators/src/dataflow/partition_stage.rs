@@ -11,7 +11,7 @@ use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 use timely::scheduling::SyncActivator;
 
-use super::beside::{score_promptly, Beside, Polled};
+use super::beside::{score_promptly, Beside, Placement, Polled};
 use super::direct::Line;
 use super::options::Round;
 use super::options::{GpOptions, Scoring};
@@ -198,12 +198,13 @@ impl PartitionWorker {
             features: options.features,
             likelihood: likelihood.clone(),
         };
-        let shard_thread = Beside::spawn(
-            format!("dualgp-shard-{worker}"),
-            options.learn_in_background,
-            wake,
-            move |jobs, done| answer_jobs(maker, jobs, done),
-        );
+        let placement = Placement {
+            background: options.learn_in_background,
+            core: options.shards_on_own_cores.then_some(worker),
+        };
+        let shard_thread = Beside::spawn(format!("dualgp-shard-{worker}"), placement, wake, move |jobs, done| {
+            answer_jobs(maker, jobs, done)
+        });
         let model = match initial {
             Some(model) => ScoringModel::Learned(Box::new(model)),
             None => ScoringModel::Prior {

@@ -24,7 +24,7 @@ use timely::dataflow::operators::Capability;
 use timely::dataflow::StreamVec;
 use timely::scheduling::SyncActivator;
 
-use super::beside::{Beside, Jobs, Polled, Results};
+use super::beside::{Beside, Jobs, Placement, Polled, Results};
 use super::direct::{Line, LineId, OnLine};
 use super::health::{panic_message, unusable};
 use super::options::{GpOptions, Round, Scoring};
@@ -341,12 +341,13 @@ impl Reducer {
     fn new(learner: SequentialLearner, options: &GpOptions, peers: usize, wake: SyncActivator) -> Self {
         let line = Line::open(peers);
         let on_thread = Arc::clone(&line);
-        let thread = Beside::spawn(
-            "dualgp-learner".into(),
-            options.learn_in_background,
-            wake,
-            move |jobs, steps| run_updates(learner, on_thread, jobs, steps),
-        );
+        let placement = Placement {
+            background: options.learn_in_background,
+            core: None,
+        };
+        let thread = Beside::spawn("dualgp-learner".into(), placement, wake, move |jobs, steps| {
+            run_updates(learner, on_thread, jobs, steps)
+        });
         Reducer {
             thread,
             line,
