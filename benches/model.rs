@@ -6,7 +6,9 @@
 //! a Markdown table and written to `target/bench-model.json`. Then, timed
 //! one call at a time: the latency of scoring a single record (p50, p99;
 //! what serving pays per record) and the GFLOP/s of a 512 × 512 GEMM, the
-//! core's practical peak the table is read against.
+//! core's practical peak the table is read against; and the shares of that
+//! peak predict and an E-step iteration reach at m = 100, each timed in turn
+//! with the GEMM so that a machine whose speed drifts does not skew them.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -120,22 +122,72 @@ fn single_record_latency(m: usize) -> (f64, f64, f64) {
     (at(0.5), at(0.99), at(1.0))
 }
 
-/// GFLOP/s of `C = A B` for 512 × 512 matrices, best of 5.
-fn gemm_peak() -> f64 {
+/// The shortest of `runs` calls of `call`, each after `setup` (not timed), in seconds.
+fn fastest<T>(runs: usize, mut setup: impl FnMut() -> T, mut call: impl FnMut(T)) -> f64 {
+    (0..runs)
+        .map(|_| {
+            let input = setup();
+            let start = Instant::now();
+            call(input);
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// GFLOP/s of `C = A B` for 512 × 512 matrices, best of `runs`.
+fn gemm_peak(runs: usize) -> f64 {
     let n = 512;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let a = DMatrix::<f64>::from_fn(n, n, |_, _| rng.random_range(-1.0..1.0));
     let b = DMatrix::<f64>::from_fn(n, n, |_, _| rng.random_range(-1.0..1.0));
     let mut c = DMatrix::<f64>::zeros(n, n);
-    let seconds = (0..5)
-        .map(|_| {
-            let start = Instant::now();
+    let seconds = fastest(
+        runs,
+        || (),
+        |_| {
             c.gemm(1.0, &a, &b, 0.0);
             black_box(&c);
-            start.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min);
+        },
+    );
     2.0 * (n * n * n) as f64 / seconds * 1e-9
+}
+
+/// Rounds of the roofline's measurement: each times the GEMM, predict and an
+/// E-step iteration in turn, best of a few calls each.
+const ROOFLINE_ROUNDS: usize = 15;
+
+/// The shares of the GEMM peak that predict and an E-step iteration reach
+/// at `m`: per round each operation's GFLOP/s over that round's peak, then
+/// the median over the rounds (so that drift between rounds cancels).
+fn roofline_shares(m: usize) -> (f64, f64) {
+    let (post, lik, data) = problem(m);
+    let config = EStepConfig { steps: 1, rho: 0.5 };
+    let (mut predict, mut e_step_shares) = (Vec::new(), Vec::new());
+    for _ in 0..ROOFLINE_ROUNDS {
+        let peak = gemm_peak(3);
+        let seconds = fastest(
+            5,
+            || (),
+            |_| {
+                black_box(post.predict_f(black_box(data.x())));
+            },
+        );
+        predict.push(flops("predict", m, BATCH) / seconds * 1e-9 / peak);
+        let seconds = fastest(
+            5,
+            || (post.clone(), PointSites::zeros(BATCH, 1)),
+            |(mut p, mut sites)| {
+                e_step(&mut p, &lik, &data, &mut sites, &config).unwrap();
+            },
+        );
+        e_step_shares.push(flops("e_step", m, BATCH) / seconds * 1e-9 / peak);
+    }
+    (median(predict), median(e_step_shares))
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 fn main() {
@@ -156,8 +208,20 @@ fn main() {
             "p50_us": p50, "p99_us": p99, "max_us": max,
         }));
     }
-    let peak = gemm_peak();
+    let peak = gemm_peak(5);
     println!("\n512 × 512 GEMM (matrixmultiply, one thread): {peak:.1} GFLOP/s");
     rows.push(serde_json::json!({ "operation": "gemm_512", "gflops_per_second": peak }));
+    let m = 100;
+    let (predict, e_step_share) = roofline_shares(m);
+    println!(
+        "At m = {m}, the median over {ROOFLINE_ROUNDS} rounds of each operation's share of the \
+         GEMM peak timed beside it: predict {:.0} %, an E-step iteration {:.0} %",
+        predict * 100.0,
+        e_step_share * 100.0
+    );
+    rows.push(serde_json::json!({
+        "operation": "share_of_gemm_peak", "m": m, "rounds": ROOFLINE_ROUNDS,
+        "predict": predict, "e_step": e_step_share,
+    }));
     write_report("model", &rows);
 }
