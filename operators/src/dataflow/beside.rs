@@ -92,26 +92,36 @@ fn set_time_slice(nanoseconds: u64) {
 /// Elsewhere than Linux, or if the kernel refuses, the thread stays free.
 fn keep_to_core(slot: usize) {
     #[cfg(target_os = "linux")]
-    // SAFETY: both sets live on this stack and their size is given; 0 names
-    // the calling thread, and a refusal leaves its affinity as it was.
-    unsafe {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
-            return;
-        }
-        let cores: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &allowed))
-            .collect();
+    {
+        let cores = allowed_cores();
         if cores.is_empty() {
             return;
         }
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cores[slot % cores.len()], &mut one);
-        libc::sched_setaffinity(0, size, &one);
+        // SAFETY: the set lives on this stack and its size is given; 0 names
+        // the calling thread, and a refusal leaves its affinity as it was.
+        unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cores[slot % cores.len()], &mut one);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
+        }
     }
     #[cfg(not(target_os = "linux"))]
     let _ = slot;
+}
+
+/// The cores the calling thread may run on (none if the kernel will not say).
+#[cfg(target_os = "linux")]
+fn allowed_cores() -> Vec<usize> {
+    // SAFETY: the set lives on this stack and its size is given; 0 names the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
 }
 
 /// Where a learning thread runs.
@@ -216,21 +226,10 @@ impl<J: Send + 'static, R: Send + 'static> Beside<J, R> {
 mod tests {
     use super::*;
 
-    /// The cores the calling thread may run on.
-    fn allowed_cores() -> Vec<usize> {
-        // SAFETY: the set lives on this stack and its size is given; 0 names the calling thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set), 0);
-            (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect()
-        }
-    }
-
     #[test]
     fn a_thread_kept_to_a_core_runs_on_that_core_alone() {
         let cores = allowed_cores();
+        assert!(!cores.is_empty(), "the kernel says which cores this thread may use");
         // Past the last core the slots wrap around.
         for slot in [0, 1, cores.len()] {
             let kept = thread::spawn(move || {
