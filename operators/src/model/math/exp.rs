@@ -62,10 +62,17 @@ pub fn exp_nonpositive(x: f64) -> f64 {
     series * f64::from_bits(n_bits.wrapping_add(1023) << 52)
 }
 
+/// Whether the CPU runs code compiled for `avx2,fma`: what every vector
+/// path around [`exp_nonpositive`] is compiled for (its multiply–adds fused).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
 /// `x ← e^x` for every `x ≤ 0` of `xs`.
 pub fn exp_nonpositive_in_place(xs: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA, checked just above.
         unsafe { exp_in_place_avx2(xs) };
         return;

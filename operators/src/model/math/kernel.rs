@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ModelError, Result};
 use crate::model::math::exp::exp_nonpositive;
+#[cfg(target_arch = "x86_64")]
+use crate::model::math::exp::has_avx2_fma;
 use crate::model::math::linalg::transposed;
 
 /// The radial profile of a stationary kernel.
@@ -614,7 +616,7 @@ impl<E: Fn(f64) -> f64, V: Fn(f64, f64) -> f64, S: Fn(f64, f64) -> f64> Form<E, 
     /// path, so are the bits.
     fn apply(self, values: &mut [f64], scale: f64, slopes: Option<&mut [f64]>) {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if has_avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA, checked just above.
             unsafe { self.apply_avx2(values, scale, slopes) };
             return;
